@@ -1,0 +1,99 @@
+"""The backend seam: everything that differs between Accelerate, raw DDP and DataParallel.
+
+The loop (ner/loop.py) calls only these methods, named as Accelerate names them, so the
+Accelerate path reads like Accelerate's own examples and the raw paths show what it does.
+Only modules in this package import accelerate, torch.distributed, torch.nn.parallel or
+torch.multiprocessing (tests/test_layout.py enforces it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from pathlib import Path
+from typing import Any, Callable, ContextManager, Iterable, Protocol
+
+import torch
+
+log = logging.getLogger(__name__)
+
+
+class Backend(Protocol):
+    device: torch.device
+    num_processes: int
+    process_index: int
+    mixed_precision: str  # "no" | "bf16" | "fp16", resolved
+
+    @property
+    def is_main_process(self) -> bool: ...
+
+    def prepare(self, model, optimizer, train_loader) -> tuple[Any, Any, Iterable]: ...
+
+    def set_epoch(self, train_loader, epoch: int, skip_batches: int) -> None: ...
+
+    def backward(self, loss: torch.Tensor) -> None: ...
+
+    def no_sync(self, model) -> ContextManager: ...
+
+    def autocast(self) -> ContextManager: ...
+
+    def clip_grad_norm_(self, parameters, max_norm: float) -> torch.Tensor: ...
+
+    def reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor: ...
+
+    def gather_object(self, obj: Any) -> list: ...
+
+    def unwrap_model(self, model) -> torch.nn.Module: ...
+
+    def wait_for_everyone(self) -> None: ...
+
+
+def cpu_supports_bf16() -> bool:
+    """Native bf16 (AVX512-BF16 or AMX) makes autocast faster; without it bf16 is emulated and slow."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return " amx_bf16" in flags or " avx512_bf16" in flags
+
+
+def resolve_precision(requested: str, device: torch.device) -> str:
+    if requested != "auto":
+        return requested
+    if device.type == "cuda":
+        return "bf16" if torch.cuda.is_bf16_supported() else "no"
+    return "bf16" if device.type == "cpu" and cpu_supports_bf16() else "no"
+
+
+def autocast_for(device: torch.device, precision: str) -> ContextManager:
+    if precision == "no":
+        return contextlib.nullcontext()
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def launch(cfg, worker: Callable[[Backend], None], local_rank_arg: int | None = None) -> None:
+    """Build the backend the config asks for and run `worker(backend)` in each process."""
+    if cfg.backend == "accelerate":
+        from ner.backends.hf_accelerate import AccelerateBackend
+
+        backend = AccelerateBackend(cfg)
+        try:
+            worker(backend)
+        finally:
+            backend.end()
+    elif cfg.backend == "raw-ddp":
+        from ner.backends import raw_ddp
+
+        raw_ddp.launch(cfg, worker, local_rank_arg)
+    else:
+        from ner.backends.data_parallel import DataParallelBackend
+
+        worker(DataParallelBackend(cfg))
+
+
+def process_rank_from_env() -> int:
+    """This process's global rank as a launcher set it (0 when not launched)."""
+    import os
+
+    return int(os.environ.get("RANK", os.environ.get("ACCELERATE_PROCESS_INDEX", "0")) or 0)

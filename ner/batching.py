@@ -1,0 +1,93 @@
+"""Length-aware batching: shuffled buckets cut by a token budget, the same order on every backend.
+
+Padding is wasted compute (a pad token costs as much as a real one), so batches group
+sentences of similar length. Order still changes every epoch: indices are shuffled, cut
+into buckets, sorted *within* a bucket, cut into batches, and the batches shuffled again.
+The plan is a pure function of (seed, epoch), so a resumed run sees the same batches.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+BUCKET_BATCHES = 50  # a bucket holds about this many batches' worth of sentences
+
+
+class TokenBudgetBatchSampler:
+    """Yields lists of feature indices: the *global* sequence of micro-batches for one epoch.
+
+    Backends shard it by batch (rank r takes batches r, r+W, ...), which is what both
+    Accelerate's BatchSamplerShard and a DistributedSampler over batches do. The plan is
+    padded to a multiple of `num_replicas` by repeating its first batches, so no backend
+    pads on its own and a mid-epoch resume can skip a whole number of batches.
+    """
+
+    batch_size = None  # tells Accelerate that batch sizes vary
+
+    def __init__(self, lengths: list[int], max_sentences: int, max_tokens: int, seed: int,
+                 shuffle: bool = True, num_replicas: int = 1):
+        self.lengths = np.asarray(lengths, dtype=np.int64)
+        self.max_sentences = max_sentences
+        self.max_tokens = max_tokens
+        self.seed = seed
+        self.shuffle = shuffle
+        self.num_replicas = num_replicas
+        self.epoch = 0
+        self.skip_batches = 0
+
+    def set_epoch(self, epoch: int, skip_batches: int = 0) -> None:
+        self.epoch = epoch
+        self.skip_batches = skip_batches
+
+    def plan(self, epoch: int) -> list[list[int]]:
+        rng = np.random.default_rng([self.seed, epoch])
+        order = rng.permutation(len(self.lengths)) if self.shuffle else np.arange(len(self.lengths))
+        if self.max_tokens > 0:
+            batches = self._bucketed(order)
+        else:
+            batches = [order[i:i + self.max_sentences].tolist() for i in range(0, len(order), self.max_sentences)]
+        if self.shuffle and self.max_tokens > 0:
+            batches = [batches[i] for i in rng.permutation(len(batches))]
+        remainder = -len(batches) % self.num_replicas
+        return batches + batches[:remainder] if remainder else batches
+
+    def _bucketed(self, order: np.ndarray) -> list[list[int]]:
+        bucket_size = self.max_sentences * BUCKET_BATCHES
+        batches = []
+        for start in range(0, len(order), bucket_size):
+            bucket = order[start:start + bucket_size]
+            bucket = bucket[np.argsort(-self.lengths[bucket], kind="stable")]
+            batches.extend(cut_by_budget(bucket, self.lengths, self.max_sentences, self.max_tokens))
+        return batches
+
+    def __iter__(self):
+        yield from self.plan(self.epoch)[self.skip_batches:]
+
+    def __len__(self) -> int:
+        return len(self.plan(self.epoch)) - self.skip_batches
+
+
+def cut_by_budget(sorted_indices: np.ndarray, lengths: np.ndarray, max_sentences: int,
+                  max_tokens: int) -> list[list[int]]:
+    """Greedy cut of length-sorted (longest first) indices: rows x longest row <= max_tokens."""
+    batches: list[list[int]] = []
+    current: list[int] = []
+    longest = 0
+    for index in sorted_indices.tolist():
+        length = int(lengths[index])
+        widest = max(longest, length)
+        if current and (len(current) + 1 > max_sentences or widest * (len(current) + 1) > max_tokens):
+            batches.append(current)
+            current, widest = [], length
+        current.append(index)
+        longest = widest
+    if current:
+        batches.append(current)
+    return batches
+
+
+def inference_batches(lengths: list[int], max_sentences: int, max_tokens: int) -> list[list[int]]:
+    """Evaluation / prediction: globally sorted by length (no shuffling needed), budget-cut."""
+    lengths_array = np.asarray(lengths, dtype=np.int64)
+    order = np.argsort(-lengths_array, kind="stable")
+    return cut_by_budget(order, lengths_array, max_sentences, max_tokens or 10**12)

@@ -1,0 +1,242 @@
+"""Resumable checkpoints: written atomically, verified by a manifest, rotated safely.
+
+Layout of `OUTPUT_DIR/checkpoints/step_<N>/`:
+    model/              config.json (labels), model.safetensors, tokenizer files
+    optimizer.pt        optimizer state (tensors and numbers only: loads with weights_only=True)
+    scheduler.pt        LR scheduler state
+    rng_rank<R>.pt      python, numpy, torch and CUDA RNG states of rank R
+    trainer_state.json  step, epoch, batch position, best F1, config, labels, library versions
+    manifest.json       name, size and sha256 of every file above; written last
+
+A checkpoint is complete only when its manifest exists and matches: the folder is written as
+`.tmp-step_<N>`, every file fsynced, renamed into place, and only then the manifest is written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import random
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file
+
+from ner.errors import UserError
+
+log = logging.getLogger(__name__)
+
+CHECKPOINTS = "checkpoints"
+MANIFEST = "manifest.json"
+STATE = "trainer_state.json"
+# Options that may differ on resume: they change where output goes or how often, not the math.
+RESUME_MAY_CHANGE = {"output_dir", "resume", "quiet", "logging_steps", "eval_steps", "save_steps",
+                     "save_total_limit", "overwrite_output_dir", "backend", "nproc", "dist_timeout",
+                     "no_eval", "validation_file", "test_file", "max_steps", "num_epochs"}
+
+
+def checkpoint_root(output_dir: Path) -> Path:
+    return Path(output_dir) / CHECKPOINTS
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_json_atomic(path: Path, payload: object) -> None:
+    """Write to a temporary name, fsync, rename: readers see the old file or the new, never half."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    _fsync(tmp)
+    os.replace(tmp, path)
+    _fsync(path.parent)
+
+
+def rng_state() -> dict:
+    """Every RNG as tensors and plain numbers, so torch.load(weights_only=True) can read it."""
+    version, mt_state, gauss = random.getstate()
+    np_state = np.random.get_state()
+    state = {
+        "python": {"version": version, "state": torch.tensor(mt_state, dtype=torch.int64), "gauss": gauss},
+        "numpy": {"key": torch.from_numpy(np_state[1].astype(np.int64)), "pos": int(np_state[2]),
+                  "has_gauss": int(np_state[3]), "cached_gaussian": float(np_state[4])},
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    py = state["python"]
+    random.setstate((py["version"], tuple(py["state"].tolist()), py["gauss"]))
+    npy = state["numpy"]
+    np.random.set_state(("MT19937", npy["key"].numpy().astype(np.uint32), npy["pos"], npy["has_gauss"],
+                         npy["cached_gaussian"]))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_checkpoint(backend, output_dir: Path, step: int, model, tokenizer, optimizer, scheduler,
+                    trainer_state: dict) -> Path:
+    """Collective: every rank calls it. Returns the final folder."""
+    root = checkpoint_root(output_dir)
+    tmp = root / f".tmp-step_{step}"
+    final = root / f"step_{step}"
+    if backend.is_main_process:
+        root.mkdir(parents=True, exist_ok=True)
+        for stale in root.glob(".tmp-step_*"):  # left by a run killed while saving
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp.mkdir()
+    backend.wait_for_everyone()
+    torch.save(rng_state(), tmp / f"rng_rank{backend.process_index}.pt")
+    if backend.is_main_process:
+        bare = backend.unwrap_model(model)
+        bare.save_pretrained(tmp / "model", safe_serialization=True)
+        tokenizer.save_pretrained(tmp / "model")
+        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+        (tmp / STATE).write_text(json.dumps(trainer_state, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    backend.wait_for_everyone()
+    if backend.is_main_process:
+        _seal(tmp, final, step)
+    backend.wait_for_everyone()
+    return final
+
+
+def _seal(tmp: Path, final: Path, step: int) -> None:
+    files = sorted(p for p in tmp.rglob("*") if p.is_file())
+    for path in files:
+        _fsync(path)
+    if final.exists():  # an older incomplete or superseded copy of the same step
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    _fsync(final.parent)
+    entries = {str(p.relative_to(tmp)): {"size": (final / p.relative_to(tmp)).stat().st_size,
+                                          "sha256": _sha256(final / p.relative_to(tmp))} for p in files}
+    write_json_atomic(final / MANIFEST, {"step": step, "files": entries})
+
+
+def verify(folder: Path) -> str | None:
+    """None if the checkpoint is complete and intact, else what is wrong with it."""
+    manifest_path = folder / MANIFEST
+    if not manifest_path.is_file():
+        return "no manifest.json (the save did not finish)"
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        entries = manifest["files"]
+    except (ValueError, KeyError):
+        return "manifest.json is unreadable"
+    for name, expected in entries.items():
+        path = folder / name
+        if not path.is_file():
+            return f"{name} is missing"
+        if path.stat().st_size != expected["size"]:
+            return f"{name} has {path.stat().st_size} bytes, manifest says {expected['size']}"
+        if _sha256(path) != expected["sha256"]:
+            return f"{name} does not match its sha256 in the manifest"
+    return None
+
+
+def step_of(folder: Path) -> int:
+    return int(folder.name.split("_", 1)[1])
+
+
+def list_checkpoints(output_dir: Path) -> list[Path]:
+    root = checkpoint_root(output_dir)
+    if not root.is_dir():
+        return []
+    found = [p for p in root.glob("step_*") if p.is_dir() and p.name.split("_", 1)[1].isdigit()]
+    return sorted(found, key=step_of)
+
+
+def find_resume_checkpoint(output_dir: Path) -> Path | None:
+    """Newest complete checkpoint; incomplete or corrupt ones are named and skipped."""
+    for folder in reversed(list_checkpoints(output_dir)):
+        problem = verify(folder)
+        if problem is None:
+            return folder
+        log.warning("skipping checkpoint %s: %s", folder, problem)
+    return None
+
+
+def resolve_resume(resume: str | None, output_dir: Path) -> Path | None:
+    if resume is None:
+        return None
+    if resume == "auto":
+        found = find_resume_checkpoint(output_dir)
+        if found is None:
+            log.info("--resume auto: no complete checkpoint in %s; starting fresh", checkpoint_root(output_dir))
+        return found
+    folder = Path(resume)
+    if not folder.is_dir():
+        raise UserError(f"{folder}: --resume checkpoint folder not found")
+    problem = verify(folder)
+    if problem is not None:
+        raise UserError(f"{folder}: not a complete checkpoint: {problem}")
+    return folder
+
+
+def read_state(folder: Path) -> dict:
+    return json.loads((folder / STATE).read_text(encoding="utf-8"))
+
+
+def check_compatible(saved: dict, config: dict, label_list: list[str], world_size: int, folder: Path) -> None:
+    """Refuse to resume into different math, listing every difference."""
+    differences = [f"{key}: checkpoint {saved['config'].get(key)!r}, now {value!r}"
+                   for key, value in config.items()
+                   if key not in RESUME_MAY_CHANGE and saved["config"].get(key) != value]
+    if saved["label_list"] != label_list:
+        differences.append(f"labels: checkpoint {saved['label_list']}, now {label_list}")
+    if saved["world_size"] != world_size:
+        differences.append(f"processes: checkpoint {saved['world_size']}, now {world_size} "
+                           "(the data position is per rank; resume with the same number)")
+    if differences:
+        raise UserError(f"{folder}: cannot resume, the run differs from the checkpoint:\n  "
+                        + "\n  ".join(differences))
+
+
+def load_weights(backend, folder: Path, model) -> None:
+    weights = load_file(folder / "model" / "model.safetensors", device="cpu")
+    missing, unexpected = backend.unwrap_model(model).load_state_dict(weights, strict=False)
+    if missing or unexpected:
+        raise UserError(f"{folder}: weights do not fit the model (missing {missing}, unexpected {unexpected})")
+
+
+def load_checkpoint(backend, folder: Path, model, optimizer, scheduler) -> dict:
+    """Restore weights, optimizer, scheduler and this rank's RNG; returns the trainer state."""
+    load_weights(backend, folder, model)
+    optimizer.load_state_dict(torch.load(folder / "optimizer.pt", map_location="cpu", weights_only=True))
+    scheduler.load_state_dict(torch.load(folder / "scheduler.pt", weights_only=True))
+    rng_file = folder / f"rng_rank{backend.process_index}.pt"
+    set_rng_state(torch.load(rng_file, weights_only=True))
+    return read_state(folder)
+
+
+def rotate(output_dir: Path, keep_newest: int, best_step: int | None) -> None:
+    """Delete all but the newest `keep_newest` complete checkpoints and the best one."""
+    if keep_newest <= 0:
+        return
+    complete = [p for p in list_checkpoints(output_dir) if (p / MANIFEST).is_file()]
+    keep = {p for p in complete[-keep_newest:]}
+    keep |= {p for p in complete if best_step is not None and step_of(p) == best_step}
+    for folder in complete:
+        if folder not in keep:
+            shutil.rmtree(folder, ignore_errors=True)

@@ -1,0 +1,204 @@
+"""TrainConfig: every hyperparameter with its default, unit and help, validated once.
+
+Precedence: dataclass defaults < `--config FILE.yaml` < command-line flags. Hardware
+(processes, GPUs, precision plumbing) lives in `accelerate_configs/*.yaml`, not here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ner.errors import UserError
+
+DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+BACKENDS = ("accelerate", "raw-ddp", "data-parallel")
+
+
+def _opt(default: Any, help: str, **extra: Any) -> Any:
+    return field(default=default, metadata={"help": help, **extra})
+
+
+@dataclass
+class TrainConfig:
+    # data
+    train_file: str | None = _opt(
+        None, "training data: CoNLL file, JSONL file, or a `datasets` save_to_disk folder "
+        "(default: the small sample shipped in ner/sample_data)")
+    validation_file: str | None = _opt(None, "validation data, same formats (default: none, or the sample's)")
+    test_file: str | None = _opt(None, "test data scored once at the end with the best model")
+    dataset: str | None = _opt(
+        None, "Hugging Face dataset name or save_to_disk folder with train/validation/test splits")
+    tokens_column: str = _opt("tokens", "column of words in a `datasets` dataset or JSONL file")
+    tags_column: str = _opt("tags", "column of tags in a `datasets` dataset or JSONL file (`ner_tags` also tried)")
+    tag_scheme: str = _opt("auto", "tag scheme of the input files", choices=("auto", "iob1", "iob2", "iobes"))
+    convert_tags_to: str = _opt("none", "convert tags before training", choices=("none", "iob2", "iobes"))
+    max_seq_length: int = _opt(
+        128, "subword tokens per window incl. [CLS]/[SEP]; longer sentences become overlapping windows")
+    window_stride_words: int = _opt(0, "words shared by consecutive windows (0: a quarter of the window)")
+    label_all_subwords: bool = _opt(False, "train on every subword, not only the first of each word")
+    # model
+    model: str = _opt(DEFAULT_MODEL, "hub id or local folder of a pretrained encoder (MiniLM is packaged offline)")
+    trust_remote_code: bool = _opt(False, "allow model repositories to run their own Python code")
+    # optimisation
+    num_epochs: int = _opt(3, "passes over the training data (ignored when --max-steps > 0)")
+    max_steps: int = _opt(-1, "optimizer updates to run; -1: use --num-epochs")
+    batch_size: int = _opt(32, "sentences (windows) per device per micro-batch, an upper bound with --max-tokens")
+    max_tokens: int = _opt(
+        4096, "padded tokens per device per micro-batch (length-aware batching); 0: fixed --batch-size")
+    gradient_accumulation_steps: int = _opt(1, "micro-batches per optimizer update")
+    learning_rate: float = _opt(5e-5, "peak learning rate after warmup")
+    warmup_ratio: float = _opt(0.1, "fraction of all updates spent warming up linearly from 0")
+    weight_decay: float = _opt(0.01, "AdamW decoupled weight decay (not on biases and LayerNorm)")
+    lr_scheduler: str = _opt("linear", "decay after warmup", choices=("linear", "cosine", "constant"))
+    max_grad_norm: float = _opt(1.0, "clip gradients to this global L2 norm; 0: no clipping")
+    seed: int = _opt(42, "seed for weights of the new head, dropout and data order")
+    mixed_precision: str = _opt(
+        "auto", "autocast dtype; auto: bf16 where the device supports it, else fp32",
+        choices=("auto", "no", "bf16", "fp16"))
+    # evaluation, logging, saving
+    eval_steps: int = _opt(0, "evaluate every N updates; 0: at the end of each epoch")
+    save_steps: int = _opt(0, "checkpoint every N updates; 0: at the end of each epoch")
+    no_eval: bool = _opt(False, "skip validation during training")
+    logging_steps: int = _opt(10, "log loss and learning rate every N updates")
+    output_dir: str = _opt("runs/ner", "where checkpoints, the final export and metrics go")
+    overwrite_output_dir: bool = _opt(False, "allow writing into a folder that holds another run")
+    save_total_limit: int = _opt(2, "newest checkpoints kept (the best one is always kept too); 0: keep all")
+    resume: str | None = _opt(None, "`auto` (newest complete checkpoint in --output-dir) or a checkpoint folder")
+    quiet: bool = _opt(False, "no progress bars")
+    # distribution (which code path; the hardware itself comes from the launcher)
+    backend: str = _opt("accelerate", "training backend (--raw-ddp / --data-parallel are shortcuts)",
+                        choices=BACKENDS)
+    nproc: int = _opt(0, "raw DDP without a launcher: worker processes to start (0: GPUs visible, or 1)")
+    dist_timeout: float = _opt(600.0, "seconds a collective may wait for a lost rank before failing")
+
+    def validate(self) -> TrainConfig:
+        positive = ("batch_size", "gradient_accumulation_steps", "max_seq_length")
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise UserError(f"--{_flag(name)} must be positive (got {getattr(self, name)})")
+        non_negative = ("max_tokens", "eval_steps", "save_steps", "logging_steps", "save_total_limit",
+                        "weight_decay", "max_grad_norm", "nproc", "window_stride_words")
+        for name in non_negative:
+            if getattr(self, name) < 0:
+                raise UserError(f"--{_flag(name)} must be zero or more (got {getattr(self, name)})")
+        if not 0.0 <= self.warmup_ratio < 1.0:
+            raise UserError(f"--warmup-ratio must be in [0, 1) (got {self.warmup_ratio})")
+        if self.learning_rate <= 0:
+            raise UserError(f"--learning-rate must be positive (got {self.learning_rate})")
+        if self.max_steps <= 0 and self.num_epochs <= 0:
+            raise UserError("set --num-epochs > 0 or --max-steps > 0")
+        if self.max_seq_length < 8:
+            raise UserError(f"--max-seq-length {self.max_seq_length} is too small: "
+                            "a window needs [CLS], [SEP] and a few words (use 8 or more)")
+        if self.dist_timeout <= 0:
+            raise UserError(f"--dist-timeout must be positive seconds (got {self.dist_timeout})")
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @property
+    def output_path(self) -> Path:
+        return Path(self.output_dir)
+
+
+def _flag(name: str) -> str:
+    return name.replace("_", "-")
+
+
+def _base_type(tp: Any) -> type:
+    """`str | None` -> str; the type a flag's text is parsed into."""
+    if isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union:
+        return next(arg for arg in typing.get_args(tp) if arg is not type(None))
+    return tp
+
+
+_FIELD_TYPES = {f.name: _base_type(t) for f, t in zip(
+    dataclasses.fields(TrainConfig), typing.get_type_hints(TrainConfig).values())}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m ner.train",
+        description="Fine-tune a BERT-style encoder for named-entity recognition.",
+        argument_default=argparse.SUPPRESS)
+    parser.add_argument("--config", metavar="FILE.yaml", help="hyperparameters in YAML; flags override it",
+                        default=None)
+    for f in dataclasses.fields(TrainConfig):
+        kind = _FIELD_TYPES[f.name]
+        help_text = f.metadata["help"] + f" (default: {f.default})"
+        if kind is bool:
+            parser.add_argument(f"--{_flag(f.name)}", action="store_true", help=help_text)
+        else:
+            parser.add_argument(f"--{_flag(f.name)}", type=kind, choices=f.metadata.get("choices"),
+                                help=help_text, metavar=None if f.metadata.get("choices") else kind.__name__.upper())
+    parser.add_argument("--raw-ddp", dest="backend", action="store_const", const="raw-ddp",
+                        help="plain torch DistributedDataParallel, no Accelerate (torchrun or self-spawned)")
+    parser.add_argument("--data-parallel", dest="backend", action="store_const", const="data-parallel",
+                        help="one process, nn.DataParallel over the visible GPUs")
+    # torch.distributed.launch (legacy) passes the local rank as an argument instead of LOCAL_RANK.
+    parser.add_argument("--local_rank", "--local-rank", dest="local_rank", type=int, help=argparse.SUPPRESS)
+    return parser
+
+
+def parse_config(argv: list[str]) -> tuple[TrainConfig, argparse.Namespace]:
+    """Defaults, then the YAML file, then the flags that were actually given."""
+    args = build_parser().parse_args(argv)
+    values: dict[str, Any] = {}
+    if args.config:
+        values.update(load_yaml(Path(args.config)))
+    values.update({k: v for k, v in vars(args).items() if k in _FIELD_TYPES})
+    return TrainConfig(**values).validate(), args
+
+
+def load_yaml(path: Path) -> dict[str, Any]:
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UserError(f"{path}: config file not found") from None
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        line = getattr(getattr(exc, "problem_mark", None), "line", None)
+        where = f"{path}:{line + 1}" if line is not None else f"{path}"
+        raise UserError(f"{where}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise UserError(f"{path}: expected a mapping of option: value at the top level")
+    return {_yaml_key(path, key): _coerce(path, key, value) for key, value in raw.items()}
+
+
+def _yaml_key(path: Path, key: Any) -> str:
+    name = str(key).replace("-", "_")
+    if name not in _FIELD_TYPES:
+        known = ", ".join(sorted(_FIELD_TYPES))
+        raise UserError(f"{path}: unknown option '{key}' (known options: {known})")
+    return name
+
+
+def _coerce(path: Path, key: Any, value: Any) -> Any:
+    name = str(key).replace("-", "_")
+    kind = _FIELD_TYPES[name]
+    choices = dataclasses.fields(TrainConfig)[list(_FIELD_TYPES).index(name)].metadata.get("choices")
+    if value is None:
+        return None
+    ok = isinstance(value, kind) and not (kind is not bool and isinstance(value, bool))
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value, ok = float(value), True
+    if kind is float and isinstance(value, str):
+        try:  # YAML 1.1 reads `5e-5` as a string
+            value, ok = float(value), True
+        except ValueError:
+            pass
+    if not ok:
+        raise UserError(f"{path}: option '{key}' expects {kind.__name__}, got {value!r}")
+    if choices and value not in choices:
+        raise UserError(f"{path}: option '{key}' must be one of {', '.join(choices)} (got {value!r})")
+    return value

@@ -1,0 +1,270 @@
+"""Reading NER data (CoNLL, JSONL, `datasets`), tag schemes, and the label list.
+
+Every reader returns `Example`s that remember where they came from, so a bad tag in the
+validation file is reported as `valid.txt:1042: ...`, not as a KeyError deep in training.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from ner.errors import UserError, at
+
+TAG_PATTERN = re.compile(r"^(O|[BIES]-\S+)$")
+TAG_HELP = "expected O, or B-TYPE / I-TYPE / E-TYPE / S-TYPE such as B-PER"
+CONLL_HELP = "expected 'word ... TAG': two or more columns separated by spaces or tabs, tag last"
+DOCSTART = "-DOCSTART-"
+SAMPLE_DIR = Path(__file__).resolve().parent / "sample_data"
+
+
+@dataclass
+class Example:
+    words: list[str]
+    tags: list[str]
+    source: str  # file the sentence came from
+    lines: list[int] | None = None  # 1-based line of each word, for error messages
+
+    def where(self, i: int) -> tuple[str, int | None]:
+        return self.source, (self.lines[i] if self.lines else None)
+
+
+def read_examples(path: str | Path, tokens_column: str = "tokens", tags_column: str = "tags",
+                  split: str = "train") -> list[Example]:
+    """Dispatch on what `path` is: a save_to_disk folder, a JSON-lines file, or CoNLL."""
+    path = Path(path)
+    if path.is_dir():
+        return read_hf_dataset(str(path), split, tokens_column, tags_column)
+    if not path.exists():
+        raise UserError(f"{path}: file not found")
+    if path.suffix in (".jsonl", ".json"):
+        return read_jsonl(path, tokens_column, tags_column)
+    return read_conll(path)
+
+
+def _read_text(path: Path) -> str:
+    data = path.read_bytes()
+    if not data.strip():
+        raise UserError(f"{path}: file is empty ({CONLL_HELP}, blank line between sentences)")
+    if b"\x00" in data[:65536]:
+        raise UserError(f"{path}: looks like a binary file (NUL bytes); expected UTF-8 text")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise at(path, line, f"not UTF-8 (byte 0x{data[exc.start]:02x}); re-save the file as UTF-8") from None
+
+
+def read_conll(path: Path) -> list[Example]:
+    """CoNLL columns: word first, tag last; blank lines end sentences; -DOCSTART- skipped."""
+    examples: list[Example] = []
+    words: list[str] = []
+    tags: list[str] = []
+    lines: list[int] = []
+    for line_no, line in enumerate(_read_text(path).splitlines(), start=1):
+        columns = line.split()
+        if not columns:
+            if words:
+                examples.append(Example(words, tags, str(path), lines))
+                words, tags, lines = [], [], []
+            continue
+        if columns[0] == DOCSTART:
+            continue
+        if len(columns) < 2:
+            raise at(path, line_no, f"{CONLL_HELP}; got one column {line.strip()!r}")
+        if not TAG_PATTERN.match(columns[-1]):
+            raise at(path, line_no, f"{columns[-1]!r} is not a valid tag ({TAG_HELP})")
+        words.append(columns[0])
+        tags.append(columns[-1])
+        lines.append(line_no)
+    if words:  # no blank line after the last sentence
+        examples.append(Example(words, tags, str(path), lines))
+    if not examples:
+        raise UserError(f"{path}: no sentences found ({CONLL_HELP})")
+    return examples
+
+
+def read_jsonl(path: Path, tokens_column: str = "tokens", tags_column: str = "tags") -> list[Example]:
+    examples = []
+    for line_no, line in enumerate(_read_text(path).splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise at(path, line_no, f"not valid JSON ({exc.msg}); expected "
+                     f'{{"{tokens_column}": [...], "{tags_column}": [...]}}') from None
+        examples.append(_example_from_record(record, str(path), line_no, tokens_column, tags_column))
+    if not examples:
+        raise UserError(f"{path}: no sentences found (expected one JSON object per line)")
+    return examples
+
+
+def _example_from_record(record: object, source: str, line_no: int | None,
+                         tokens_column: str, tags_column: str) -> Example:
+    expected = f'expected {{"{tokens_column}": [words], "{tags_column}": [tags]}} of equal length'
+    if not isinstance(record, dict):
+        raise at(source, line_no, expected)
+    words = record.get(tokens_column)
+    tags = record.get(tags_column, record.get("ner_tags"))
+    if not isinstance(words, list) or not isinstance(tags, list) or len(words) != len(tags):
+        raise at(source, line_no, expected)
+    for tag in tags:
+        if not isinstance(tag, str) or not TAG_PATTERN.match(tag):
+            raise at(source, line_no, f"{tag!r} is not a valid tag ({TAG_HELP})")
+    lines = [line_no] * len(words) if line_no is not None else None
+    return Example([str(w) for w in words], list(tags), source, lines)
+
+
+def read_hf_dataset(name_or_dir: str, split: str, tokens_column: str, tags_column: str) -> list[Example]:
+    """A hub dataset (where a hub is reachable) or a folder written by `save_to_disk`."""
+    import datasets
+
+    try:
+        if Path(name_or_dir).is_dir():
+            loaded = datasets.load_from_disk(name_or_dir)
+        else:
+            loaded = datasets.load_dataset(name_or_dir)
+    except Exception as exc:  # datasets raises many types; the user needs the message, not the class
+        raise UserError(f"{name_or_dir}: could not load dataset ({exc})") from None
+    if isinstance(loaded, datasets.DatasetDict):
+        if split not in loaded:
+            raise UserError(f"{name_or_dir}: no '{split}' split (has {', '.join(loaded)})")
+        loaded = loaded[split]
+    if tags_column not in loaded.column_names and "ner_tags" in loaded.column_names:
+        tags_column = "ner_tags"
+    for column in (tokens_column, tags_column):
+        if column not in loaded.column_names:
+            raise UserError(f"{name_or_dir}: no column '{column}' (has {', '.join(loaded.column_names)}); "
+                            "set --tokens-column / --tags-column")
+    names = getattr(getattr(loaded.features[tags_column], "feature", None), "names", None)
+    source = f"{name_or_dir}[{split}]"
+    examples = []
+    for row_no, row in enumerate(loaded):
+        tags = [names[t] for t in row[tags_column]] if names else row[tags_column]
+        record = {"tokens": row[tokens_column], "tags": tags}
+        examples.append(_example_from_record(record, source, row_no + 1, "tokens", "tags"))
+    return examples
+
+
+# ----------------------------------------------------------------------------- tag schemes
+
+def _split_tag(tag: str) -> tuple[str, str]:
+    return ("O", "") if tag == "O" else (tag[0], tag[2:])
+
+
+def detect_scheme(examples: list[Example]) -> str:
+    """IOBES if E-/S- occur; IOB1 if an I- tag starts an entity; otherwise IOB2."""
+    iob1 = False
+    for example in examples:
+        previous = "O"
+        for tag in example.tags:
+            prefix, kind = _split_tag(tag)
+            if prefix in "ES":
+                return "iobes"
+            if prefix == "I" and _split_tag(previous)[1] != kind:
+                iob1 = True
+            previous = tag
+    return "iob1" if iob1 else "iob2"
+
+
+def to_iob2(tags: list[str]) -> list[str]:
+    """IOB1 or IOBES -> IOB2: every entity starts with B-."""
+    out = []
+    previous_kind = ""
+    for tag in tags:
+        prefix, kind = _split_tag(tag)
+        if prefix in "BS" or (prefix == "I" and kind != previous_kind):
+            out.append(f"B-{kind}")
+        elif prefix in "IE":
+            out.append(f"I-{kind}")
+        else:
+            out.append("O")
+        previous_kind = "" if prefix in "OES" else kind
+    return out
+
+
+def to_iobes(tags: list[str]) -> list[str]:
+    iob2 = to_iob2(tags)
+    out = []
+    for i, tag in enumerate(iob2):
+        prefix, kind = _split_tag(tag)
+        continues = i + 1 < len(iob2) and iob2[i + 1] == f"I-{kind}"
+        if prefix == "B":
+            out.append(f"B-{kind}" if continues else f"S-{kind}")
+        elif prefix == "I":
+            out.append(f"I-{kind}" if continues else f"E-{kind}")
+        else:
+            out.append("O")
+    return out
+
+
+def convert_scheme(examples: list[Example], target: str) -> list[Example]:
+    if target == "none":
+        return examples
+    convert = to_iob2 if target == "iob2" else to_iobes
+    return [Example(e.words, convert(e.tags), e.source, e.lines) for e in examples]
+
+
+# ----------------------------------------------------------------------------- labels
+
+_PREFIX_ORDER = {"B": 0, "I": 1, "E": 2, "S": 3}
+
+
+def build_label_list(examples: list[Example]) -> list[str]:
+    """Stable order whatever the data order: O, then each type's B, I, E, S."""
+    seen = {tag for example in examples for tag in example.tags}
+    entity_tags = sorted(seen - {"O"}, key=lambda t: (t[2:], _PREFIX_ORDER[t[0]]))
+    return ["O", *entity_tags]
+
+
+def check_known_labels(examples: list[Example], label2id: dict[str, int]) -> None:
+    """A tag the model has no output for would be scored as always wrong: refuse it."""
+    for example in examples:
+        for i, tag in enumerate(example.tags):
+            if tag not in label2id:
+                source, line = example.where(i)
+                known = ", ".join(label2id)
+                raise at(source, line, f"tag {tag!r} never appears in the training data "
+                         f"(the model knows: {known}); fix the tag or add it to the training data")
+
+
+@dataclass
+class Splits:
+    train: list[Example]
+    validation: list[Example] | None
+    test: list[Example] | None
+    scheme: str
+
+
+def load_splits(train: str | None, validation: str | None, test: str | None, dataset: str | None,
+                tag_scheme: str, convert_to: str, tokens_column: str, tags_column: str) -> Splits:
+    """Read every split, settle the tag scheme once, convert where asked."""
+    def read(path: str | None, split: str) -> list[Example] | None:
+        if path is None:
+            return None
+        return read_examples(path, tokens_column, tags_column, split)
+
+    if dataset:
+        splits = [read_hf_dataset(dataset, "train", tokens_column, tags_column),
+                  read(validation, "validation") or _optional_split(dataset, "validation", tokens_column, tags_column),
+                  read(test, "test") or _optional_split(dataset, "test", tokens_column, tags_column)]
+    else:
+        splits = [read(train, "train"), read(validation, "validation"), read(test, "test")]
+    scheme = detect_scheme(splits[0]) if tag_scheme == "auto" else tag_scheme
+    if convert_to != "none":
+        splits = [convert_scheme(s, convert_to) if s is not None else None for s in splits]
+        scheme = convert_to
+    return Splits(splits[0], splits[1], splits[2], scheme)
+
+
+def _optional_split(dataset: str, split: str, tokens_column: str, tags_column: str) -> list[Example] | None:
+    """A dataset's validation/test split where it has one; many hub datasets do."""
+    try:
+        return read_hf_dataset(dataset, split, tokens_column, tags_column)
+    except UserError as exc:
+        if f"no '{split}' split" in str(exc):
+            return None
+        raise

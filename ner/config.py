@@ -47,6 +47,11 @@ class TrainConfig:
     # model
     model: str = _opt(DEFAULT_MODEL, "hub id or local folder of a pretrained encoder (MiniLM is packaged offline)")
     trust_remote_code: bool = _opt(False, "allow model repositories to run their own Python code")
+    attn_implementation: str = _opt("sdpa", "attention kernel: sdpa (fused) or eager (reference)",
+                                    choices=("sdpa", "eager"))
+    optimizer_impl: str = _opt("foreach", "AdamW implementation: foreach (multi-tensor), fused, or for-loop",
+                               choices=("foreach", "fused", "for-loop"))
+    tokenization_cache: str = _opt("auto", "folder for cached tokenised data; auto: ~/.cache/ner; none: off")
     # optimisation
     num_epochs: int = _opt(3, "passes over the training data (ignored when --max-steps > 0)")
     max_steps: int = _opt(-1, "optimizer updates to run; -1: use --num-epochs")

@@ -7,7 +7,11 @@ owner's prediction is kept, so every word is predicted and counted exactly once.
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -145,3 +149,51 @@ def merge_predictions(examples: list[Example], sentence_ids: np.ndarray, word_id
         raise RuntimeError("some words got no prediction: a windowing bug")
     names = np.array([id2label[i] for i in range(len(id2label))], dtype=object)[flat].tolist()
     return [names[offsets[i]:offsets[i + 1]] for i in range(len(examples))]
+
+
+def _cache_key(examples: list[Example], tokenizer, settings: dict) -> str:
+    digest = hashlib.sha256()
+    digest.update(json.dumps(settings, sort_keys=True).encode())
+    digest.update(tokenizer.backend_tokenizer.to_str().encode())
+    for example in examples:
+        digest.update("\x1f".join(example.words).encode())
+        digest.update("\x1e".join(example.tags).encode())
+    return digest.hexdigest()[:32]
+
+
+def cached_encode(examples: list[Example], tokenizer, label2id: dict[str, int], max_seq_length: int,
+                  stride_words: int = 0, label_all_subwords: bool = False,
+                  cache_dir: Path | None = None) -> list[Feature]:
+    """encode_examples, memoised on disk by a hash of the data, tokenizer and settings."""
+    settings = {"label2id": label2id, "max_seq_length": max_seq_length, "stride": stride_words,
+                "all_subwords": label_all_subwords, "version": 1}
+    if cache_dir is None:
+        return encode_examples(examples, tokenizer, label2id, max_seq_length, stride_words, label_all_subwords)
+    path = Path(cache_dir) / f"{_cache_key(examples, tokenizer, settings)}.npz"
+    if path.is_file():
+        try:
+            return _load_features(path)
+        except (OSError, ValueError, KeyError):
+            pass  # a damaged cache entry is rebuilt, never trusted
+    features = encode_examples(examples, tokenizer, label2id, max_seq_length, stride_words, label_all_subwords)
+    _save_features(path, features)
+    return features
+
+
+def _save_features(path: Path, features: list[Feature]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lengths = np.array([len(f.input_ids) for f in features], dtype=np.int64)
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.npz")
+    np.savez(tmp, lengths=lengths, example_index=np.array([f.example_index for f in features], dtype=np.int64),
+             input_ids=np.concatenate([f.input_ids for f in features]).astype(np.int64),
+             labels=np.concatenate([f.labels for f in features]).astype(np.int64),
+             word_index=np.concatenate([f.word_index for f in features]).astype(np.int64))
+    os.replace(tmp, path)  # several ranks may write the same entry: last rename wins, all identical
+
+
+def _load_features(path: Path) -> list[Feature]:
+    with np.load(path, allow_pickle=False) as data:
+        bounds = np.cumsum(np.concatenate([[0], data["lengths"]])).tolist()
+        columns = [np.split(data[name], bounds[1:-1]) for name in ("input_ids", "labels", "word_index")]
+        return [Feature(ids.tolist(), labels.tolist(), words.tolist(), int(example))
+                for ids, labels, words, example in zip(*columns, data["example_index"].tolist())]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -51,31 +52,95 @@ def best_eval(state: dict) -> dict | None:
     return evals[-1]["scores"] if evals else None
 
 
+HYPERPARAMETERS = (
+    ("num_epochs", "epochs"), ("max_steps", "max steps (-1: epochs decide)"),
+    ("batch_size", "sentences per device per micro-batch (at most)"), ("max_tokens", "padded tokens per micro-batch"),
+    ("gradient_accumulation_steps", "gradient accumulation steps"), ("learning_rate", "peak learning rate"),
+    ("lr_scheduler", "schedule after warmup"), ("warmup_ratio", "warmup ratio"), ("weight_decay", "weight decay"),
+    ("max_grad_norm", "gradient clipping (L2 norm)"), ("max_seq_length", "subword tokens per window"),
+    ("label_all_subwords", "loss on every subword"), ("mixed_precision", "mixed precision"), ("seed", "seed"),
+    ("backend", "training backend"))
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
+
 def model_card(args: dict, metrics: dict) -> str:
-    labels = ", ".join(f"`{label}`" for label in args["label_list"])
-    sections = [
-        "---\nlibrary_name: transformers\npipeline_tag: token-classification\ntags: [ner, token-classification]\n---",
-        f"# NER model fine-tuned from `{args['model']}`",
-        "Fine-tuned for named-entity recognition with [ner](https://example.invalid/ner) "
-        "(Accelerate / DDP BERT-NER trainer).",
-        "## Data\n" + "\n".join(f"- {name}: `{args.get(key) or '-'}`" for name, key in
-                                 (("train", "train_file"), ("validation", "validation_file"),
-                                  ("test", "test_file"), ("dataset", "dataset"))),
-        f"## Labels\nTag scheme `{args['tag_scheme']}`; {len(args['label_list'])} labels: {labels}",
-        "## Hyperparameters\n" + "\n".join(f"- {key}: `{args[key]}`" for key in (
-            "num_epochs", "max_steps", "batch_size", "max_tokens", "gradient_accumulation_steps",
-            "learning_rate", "lr_scheduler", "warmup_ratio", "weight_decay", "max_seq_length",
-            "mixed_precision", "seed") if key in args) + f"\n- optimizer updates: `{args['global_step']}`",
-    ]
+    """README.md of an export: what it was trained from and on, how well it does, how to use it."""
+    base = args["model"]
+    on_hub = HUB_ID.fullmatch(base) is not None and not Path(base).exists()
+    types = sorted({label[2:] for label in args["label_list"] if label != "O"})
+    header = ("---\nlibrary_name: transformers\npipeline_tag: token-classification\n"
+              "tags: [ner, token-classification]\nmetrics: [precision, recall, f1]\n"
+              + (f"base_model: {base}\n" if on_hub else "") + "---")
+    base_link = f"[`{base}`](https://huggingface.co/{base})" if on_hub else f"`{base}`"
+    summary = (f"Named-entity recognition ({len(types)} entity types: {', '.join(types) or 'none'}), "
+               f"fine-tuned from {base_link} with the `ner` tool (Accelerate / DDP BERT-NER trainer).")
+    sections = [header, f"# NER model fine-tuned from `{base}`", summary + _headline(metrics),
+                _results_section(metrics), _labels_section(args), _data_section(args),
+                _training_section(args, metrics), _usage_section(args)]
+    return "\n\n".join(sections) + "\n"
+
+
+def _headline(metrics: dict) -> str:
+    parts = [f"{split} F1 **{metrics[split]['f1'] * 100:.2f}**" for split in ("validation", "test")
+             if metrics.get(split)]
+    if not parts:
+        return ""
+    return " " + ", ".join(parts)[0].upper() + ", ".join(parts)[1:] + " (entity-level, micro-averaged, in %)."
+
+
+def _results_section(metrics: dict) -> str:
+    lines = ["## Results",
+             "Entity-level scores from seqeval, in percent: an entity counts as correct only when its span and its "
+             "type are both exact. *overall* is micro-averaged over all entities; *support* is the number of gold "
+             "entities. The same numbers are in `metrics.json`."]
+    best_step = metrics.get("best_step")
+    titles = {"validation": "Validation" + (f" (best evaluation, at step {best_step}: the exported weights)"
+                                            if best_step is not None else ""),
+              "test": "Test (scored once, with the exported weights)"}
     for split in ("validation", "test"):
         if metrics.get(split):
-            sections.append(f"## Metrics ({split}, entity-level, seqeval)\n{format_table(metrics[split])}")
-    sections.append(
-        "## Use\n```python\nfrom transformers import pipeline\n"
-        "tagger = pipeline(\"token-classification\", model=\"PATH/TO/THIS/FOLDER\", "
-        "aggregation_strategy=\"simple\")\nprint(tagger(\"Angela Merkel visited Paris with Siemens.\"))\n```\n"
-        "```bash\necho \"Angela Merkel visited Paris\" | python -m ner.predict PATH/TO/THIS/FOLDER\n```")
-    return "\n\n".join(sections) + "\n"
+            lines.append(f"### {titles[split]}\n{format_table(metrics[split])}")
+    if not any(metrics.get(split) for split in titles):
+        lines.append("No scores: trained without evaluation (no validation set, or `--no-eval`) "
+                     "and without a test set.")
+    return "\n\n".join(lines)
+
+
+def _labels_section(args: dict) -> str:
+    labels = ", ".join(f"`{i}: {label}`" for i, label in enumerate(args["label_list"]))
+    return (f"## Labels\nTag scheme `{args['tag_scheme']}`; {len(args['label_list'])} labels (id: label), also in "
+            f"`config.json` (`id2label`):\n{labels}")
+
+
+def _data_section(args: dict) -> str:
+    given = [(name, args.get(key)) for name, key in (("train", "train_file"), ("validation", "validation_file"),
+                                                     ("test", "test_file"), ("dataset", "dataset"))]
+    return "## Data\n" + "\n".join(f"- {name}: `{value}`" for name, value in given if value)
+
+
+def _training_section(args: dict, metrics: dict) -> str:
+    rows = [f"| {label} | `{args[key]}` |" for key, label in HYPERPARAMETERS if key in args]
+    last_loss = metrics.get("train_loss_last")
+    facts = [("optimizer updates", args.get("global_step", metrics.get("global_step"))),
+             ("best validation step", metrics.get("best_step")),
+             ("last training loss", f"{last_loss:.4f}" if last_loss is not None else None)]
+    rows += [f"| {label} | `{value}` |" for label, value in facts if value is not None]
+    versions = ", ".join(f"{name} {version}" for name, version in sorted(args.get("versions", {}).items()))
+    return ("## Training\nBase model " + f"`{args['model']}`; optimizer AdamW (no decay on biases and LayerNorm).\n\n"
+            "| setting | value |\n|---|---|\n" + "\n".join(rows) + (f"\n\nSoftware: {versions}." if versions else ""))
+
+
+def _usage_section(args: dict) -> str:
+    return (
+        "## How to use\nWith transformers (entities merged from subword tokens):\n"
+        "```python\nfrom transformers import pipeline\n\n"
+        "tagger = pipeline(\"token-classification\", model=\"PATH/TO/THIS/FOLDER\", aggregation_strategy=\"simple\")\n"
+        "print(tagger(\"Angela Merkel visited Paris with Siemens.\"))\n"
+        "# [{'entity_group': 'PER', 'score': ..., 'word': ..., 'start': 0, 'end': 13}, ...]\n```\n\n"
+        "With the `ner` tool (words split on spaces, one JSON line per sentence; `--conll` tags a CoNLL file):\n"
+        "```bash\necho \"Angela Merkel visited Paris\" | python -m ner.predict PATH/TO/THIS/FOLDER\n"
+        "python -m ner.predict PATH/TO/THIS/FOLDER sentences.txt\n"
+        "python -m ner.evaluate PATH/TO/THIS/FOLDER test.conll   # per-type report + worst sentences\n```")
 
 
 def main(argv: list[str] | None = None) -> int:

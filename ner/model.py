@@ -41,7 +41,8 @@ def load_tokenizer(name: str, trust_remote_code: bool = False):
     return tokenizer
 
 
-def build_model(name: str, label_list: list[str], trust_remote_code: bool = False) -> torch.nn.Module:
+def build_model(name: str, label_list: list[str], trust_remote_code: bool = False,
+                attn_implementation: str = "sdpa") -> torch.nn.Module:
     """Pretrained encoder with a fresh token-classification head; labels live in its config."""
     path = resolve_model_path(name)
     id2label = dict(enumerate(label_list))
@@ -50,12 +51,13 @@ def build_model(name: str, label_list: list[str], trust_remote_code: bool = Fals
         config = AutoConfig.from_pretrained(path, num_labels=len(label_list), id2label=id2label,
                                             label2id=label2id, trust_remote_code=trust_remote_code)
         return AutoModelForTokenClassification.from_pretrained(
-            path, config=config, trust_remote_code=trust_remote_code)
+            path, config=config, trust_remote_code=trust_remote_code, attn_implementation=attn_implementation)
     except (OSError, ValueError) as exc:
         raise UserError(f"--model {name}: cannot load the model ({str(exc).splitlines()[0]})") from None
 
 
-def build_optimizer(model: torch.nn.Module, learning_rate: float, weight_decay: float) -> torch.optim.Optimizer:
+def build_optimizer(model: torch.nn.Module, learning_rate: float, weight_decay: float,
+                    implementation: str = "foreach") -> torch.optim.Optimizer:
     """AdamW; biases and LayerNorm weights are not decayed (decay there only hurts)."""
     decay, no_decay = [], []
     for name, param in model.named_parameters():
@@ -63,8 +65,9 @@ def build_optimizer(model: torch.nn.Module, learning_rate: float, weight_decay: 
             continue
         (no_decay if param.ndim < 2 or "LayerNorm" in name or "layer_norm" in name else decay).append(param)
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    # foreach: one fused kernel launch per group instead of one per tensor; same numbers.
-    return torch.optim.AdamW(groups, lr=learning_rate, foreach=True)
+    # foreach batches the per-tensor updates into a few kernels; fused does the whole step in one.
+    flags = {"foreach": {"foreach": True}, "fused": {"fused": True}, "for-loop": {"foreach": False}}[implementation]
+    return torch.optim.AdamW(groups, lr=learning_rate, **flags)
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, kind: str, total_steps: int, warmup_ratio: float):

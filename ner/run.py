@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import random
 import shutil
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from ner import checkpoint as ckpt
 from ner.batching import TokenBudgetBatchSampler, inference_batches
 from ner.config import TrainConfig
 from ner.data import SAMPLE_DIR, Splits, build_label_list, check_known_labels, load_splits
-from ner.encode import collate, encode_examples
+from ner.encode import cached_encode, collate
 from ner.errors import UserError
 from ner.export import export_checkpoint
 from ner.loop import EvalSet, TrainState, evaluate, fit, updates_in_epoch
@@ -60,6 +61,18 @@ def resolve_data_files(cfg: TrainConfig) -> TrainConfig:
     return cfg
 
 
+def tokenization_cache_dir(setting: str) -> Path | None:
+    if setting == "none":
+        return None
+    return Path.home() / ".cache" / "ner" / "features" if setting == "auto" else Path(setting)
+
+
+def set_threads(local_world_size: int) -> None:
+    """Split the cores between the processes on this machine, unless the user already chose."""
+    if "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(local_world_size, 1)))
+
+
 @dataclass
 class Prepared:
     splits: Splits
@@ -82,8 +95,9 @@ def prepare_data(cfg: TrainConfig) -> Prepared:
     limit = getattr(tokenizer, "model_max_length", 512) or 512
     if cfg.max_seq_length > min(limit, 100_000):
         raise UserError(f"--max-seq-length {cfg.max_seq_length} exceeds what {cfg.model} supports ({limit})")
-    encode = partial(encode_examples, tokenizer=tokenizer, label2id=label2id, max_seq_length=cfg.max_seq_length,
-                     stride_words=cfg.window_stride_words, label_all_subwords=cfg.label_all_subwords)
+    encode = partial(cached_encode, tokenizer=tokenizer, label2id=label2id, max_seq_length=cfg.max_seq_length,
+                     stride_words=cfg.window_stride_words, label_all_subwords=cfg.label_all_subwords,
+                     cache_dir=tokenization_cache_dir(cfg.tokenization_cache))
     eval_sets = {}
     for name, examples in (("validation", splits.validation), ("test", splits.test)):
         if examples is not None:
@@ -127,11 +141,13 @@ def run(cfg: TrainConfig, backend) -> dict:
     """Train, evaluate, export; returns the final metrics (on every rank)."""
     setup_logging(backend.is_main_process)
     cfg = resolve_data_files(cfg)
+    set_threads(int(os.environ.get("LOCAL_WORLD_SIZE", backend.num_processes)))
     seed_everything(cfg.seed)
     data = prepare_data(cfg)
     resume_from = ckpt.resolve_resume(cfg.resume, cfg.output_path)
-    model = build_model(cfg.model, data.label_list, cfg.trust_remote_code).to(backend.device)
-    optimizer = build_optimizer(model, cfg.learning_rate, cfg.weight_decay)
+    model = build_model(cfg.model, data.label_list, cfg.trust_remote_code, cfg.attn_implementation)
+    model.to(backend.device)
+    optimizer = build_optimizer(model, cfg.learning_rate, cfg.weight_decay, cfg.optimizer_impl)
     sampler = TokenBudgetBatchSampler([len(f.input_ids) for f in data.train_features], cfg.batch_size,
                                       cfg.max_tokens, cfg.seed, shuffle=True, num_replicas=backend.num_processes)
     # A private generator: creating a DataLoader iterator draws a seed from it, and drawing from

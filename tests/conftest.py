@@ -60,11 +60,11 @@ def _vocabulary() -> list[str]:
 
 
 def build_tiny_bert(folder: Path, dropout: float) -> Path:
-    from transformers import BertConfig, BertModel, BertTokenizerFast
+    from transformers import BertConfig, BertModel, BertTokenizer
 
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "vocab.txt").write_text("\n".join(_vocabulary()) + "\n", encoding="utf-8")
-    tokenizer = BertTokenizerFast(vocab_file=str(folder / "vocab.txt"), do_lower_case=True)
+    tokenizer = BertTokenizer(vocab=str(folder / "vocab.txt"), do_lower_case=True)
     tokenizer.save_pretrained(folder)
     config = BertConfig(vocab_size=len(_vocabulary()), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                         intermediate_size=64, max_position_embeddings=128, hidden_dropout_prob=dropout,

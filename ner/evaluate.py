@@ -1,0 +1,171 @@
+"""Score an exported model on a CoNLL file, then show the sentences it tags worst.
+
+    python -m ner.evaluate runs/ner/final test.conll
+    python -m ner.evaluate runs/ner/final test.conll --worst 25 --json test_report.json
+
+Prints seqeval's report per entity type and the overall micro-averaged precision, recall and F1
+(entity-level, exact spans), then the N sentences with the most entity errors (missed + spurious;
+a wrong type or a wrong boundary counts once each way, as in seqeval; ties: shorter first). Each
+is shown as its text and the gold and predicted entities side by side, wrong ones marked `x`.
+`--json` writes the same scores (the shape of metrics.json) and the worst sentences.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+from seqeval.metrics import classification_report
+from seqeval.metrics.sequence_labeling import get_entities
+from seqeval.scheme import IOBES
+
+from ner.data import Example, check_known_labels, read_conll
+from ner.errors import USAGE_EXIT_CODE, UserError
+from ner.metrics import entity_scores
+
+Span = tuple[str, int, int]  # (type, first word, last word), as seqeval's get_entities
+
+
+@dataclass
+class Row:
+    """One line of the side-by-side view: a gold entity, a predicted one, or both."""
+
+    gold: Span | None
+    predicted: Span | None
+
+    @property
+    def problem(self) -> str:
+        if self.gold is None:
+            return "spurious"
+        if self.predicted is None:
+            return "missed"
+        if self.gold == self.predicted:
+            return ""
+        same_span = self.gold[1:] == self.predicted[1:]
+        return "wrong type" if same_span else ("wrong span" if self.gold[0] == self.predicted[0]
+                                                else "wrong span and type")
+
+
+def scheme_of(label2id: dict[str, int]) -> str:
+    """IOBES models are scored strictly; IOB1/IOB2 with seqeval's default (conlleval) mode."""
+    return "iobes" if any(label[:2] in ("E-", "S-") for label in label2id) else "iob2"
+
+
+def seqeval_kwargs(scheme: str) -> dict:
+    return {"mode": "strict", "scheme": IOBES} if scheme == "iobes" else {}
+
+
+def side_by_side(gold: list[str], predicted: list[str]) -> list[Row]:
+    """Exact matches and overlapping spans share a row; the rest stand alone; in sentence order."""
+    gold_spans = set(get_entities(gold))
+    pred_spans = set(get_entities(predicted))
+    rows = [Row(span, span) for span in gold_spans & pred_spans]
+    unmatched_pred = sorted(pred_spans - gold_spans, key=lambda s: s[1])
+    for span in sorted(gold_spans - pred_spans, key=lambda s: s[1]):
+        overlap = next((p for p in unmatched_pred if p[1] <= span[2] and span[1] <= p[2]), None)
+        if overlap is not None:
+            unmatched_pred.remove(overlap)
+        rows.append(Row(span, overlap))
+    rows += [Row(None, span) for span in unmatched_pred]
+    return sorted(rows, key=lambda r: min(s[1] for s in (r.gold, r.predicted) if s is not None))
+
+
+def entity_errors(gold: list[str], predicted: list[str]) -> int:
+    """False negatives + false positives of one sentence."""
+    gold_spans, pred_spans = set(get_entities(gold)), set(get_entities(predicted))
+    return len(gold_spans ^ pred_spans)
+
+
+def worst_sentences(examples: list[Example], predicted: list[list[str]], count: int) -> list[int]:
+    """Indices of the `count` sentences with the most entity errors (none without errors)."""
+    errors = [entity_errors(e.tags, p) for e, p in zip(examples, predicted, strict=True)]
+    ranked = sorted(range(len(examples)), key=lambda i: (-errors[i], len(examples[i].words), i))
+    return [i for i in ranked[:count] if errors[i] > 0]
+
+
+def _describe(words: list[str], span: Span | None) -> str:
+    return "-" if span is None else f"{' '.join(words[span[1]:span[2] + 1])} [{span[0]}]"
+
+
+def format_sentence(rank: int, example: Example, predicted: list[str]) -> str:
+    rows = side_by_side(example.tags, predicted)
+    where = f"{example.source}:{example.lines[0]}" if example.lines else example.source
+    text = textwrap.fill(" ".join(example.words), width=100, initial_indent="    ", subsequent_indent="    ")
+    cells = [(_describe(example.words, r.gold), _describe(example.words, r.predicted), r.problem) for r in rows]
+    width = max([len("gold")] + [len(c[0]) for c in cells])
+    lines = [f"#{rank}  {where}  ({entity_errors(example.tags, predicted)} entity errors)", text,
+             f"      {'gold':<{width}} | predicted"]
+    for gold_text, pred_text, problem in cells:
+        mark = "x" if problem else " "
+        lines.append(f"    {mark} {gold_text:<{width}} | {pred_text}" + (f"   ({problem})" if problem else ""))
+    return "\n".join(lines)
+
+
+def to_json(examples: list[Example], predicted: list[list[str]], worst: list[int]) -> list[dict]:
+    def entity(words: list[str], span: Span | None) -> dict | None:
+        if span is None:
+            return None
+        return {"text": " ".join(words[span[1]:span[2] + 1]), "type": span[0], "start": span[1], "end": span[2] + 1}
+
+    return [{"source": e.source, "line": e.lines[0] if e.lines else None, "words": e.words,
+             "errors": entity_errors(e.tags, predicted[i]),
+             "rows": [{"gold": entity(e.words, r.gold), "predicted": entity(e.words, r.predicted),
+                       "problem": r.problem or None} for r in side_by_side(e.tags, predicted[i])]}
+            for i in worst for e in [examples[i]]]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m ner.evaluate", description=__doc__.splitlines()[0])
+    parser.add_argument("model_dir", type=Path, help="an exported model folder (OUTPUT_DIR/final)")
+    parser.add_argument("file", type=Path, help="CoNLL file with gold tags (word ... TAG)")
+    parser.add_argument("--worst", type=int, default=10, metavar="N", help="worst sentences to show (default: 10)")
+    parser.add_argument("--json", type=Path, metavar="OUT.json", help="also write scores and worst sentences here")
+    parser.add_argument("--max-seq-length", type=int, default=128, help="tokens per window (default: 128)")
+    parser.add_argument("--batch-size", type=int, default=64, help="sentences per batch at most (default: 64)")
+    parser.add_argument("--mixed-precision", choices=("auto", "no", "bf16"), default="auto",
+                        help="autocast dtype (default: auto, bf16 where supported)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.worst < 0:
+            raise UserError(f"--worst must be zero or more (got {args.worst})")
+        if args.json is not None and not args.json.parent.is_dir():
+            raise UserError(f"{args.json}: folder {args.json.parent} does not exist")
+        if not args.file.is_file():
+            raise UserError(f"{args.file}: file not found")
+        from ner.predict import Tagger  # after the cheap checks: loading torch + transformers takes seconds
+
+        tagger = Tagger(args.model_dir, precision=args.mixed_precision, max_seq_length=args.max_seq_length)
+        examples = read_conll(args.file)
+        check_known_labels(examples, tagger.label2id)
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return USAGE_EXIT_CODE
+    predicted, _ = tagger.tag(examples, args.batch_size)
+    gold = [e.tags for e in examples]
+    scheme = scheme_of(tagger.label2id)
+    scores = entity_scores(gold, predicted, scheme)
+    print(f"{args.file}: {len(examples)} sentences, model {args.model_dir}, entity-level (seqeval, {scheme})\n")
+    print(classification_report(gold, predicted, digits=4, zero_division=0, **seqeval_kwargs(scheme)))
+    print(f"overall (micro): precision {scores['precision']:.4f}  recall {scores['recall']:.4f}  "
+          f"f1 {scores['f1']:.4f}  support {scores['support']}\n")
+    worst = worst_sentences(examples, predicted, args.worst)
+    print(f"== {len(worst)} worst sentences (most entity errors: missed + spurious) ==")
+    print("\n\n".join(format_sentence(rank, examples[i], predicted[i]) for rank, i in enumerate(worst, start=1))
+          or "(no sentence has an entity error)")
+    if args.json is not None:
+        report = {"model_dir": str(args.model_dir), "file": str(args.file), "sentences": len(examples),
+                  "scheme": scheme, **scores, "worst": to_json(examples, predicted, worst)}
+        args.json.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,287 @@
+"""Plots of a training run, written as PNG files into its output folder.
+
+    python -m ner.plot runs/ner        # any run, live or finished; rerun it to refresh a live run
+
+Writes, into the folder:
+    loss_lr.png          training loss and learning rate against optimizer step
+    validation_f1.png    validation F1 (overall and per type) against step, best step marked
+    per_type_f1.png      precision / recall / F1 per entity type at the best evaluation
+    confusion.png        entity-type confusion matrix of the final model on the validation set
+                         (from predictions/validation.conll), with missed and spurious entities
+
+Training writes them at the end too. A plot without data (no evaluation, no predictions
+file yet) is skipped with a one-line note.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from itertools import pairwise
+from pathlib import Path
+
+import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
+from seqeval.metrics.sequence_labeling import get_entities
+
+from ner.errors import USAGE_EXIT_CODE, UserError
+
+log = logging.getLogger("ner")
+
+NO_ENTITY = "(none)"  # row: predicted where gold has nothing (spurious); column: gold never predicted (missed)
+FIGSIZE = (8.0, 5.0)
+DPI = 120
+METRIC_COLORS = {"precision": "#4C72B0", "recall": "#DD8452", "f1": "#55A868"}
+
+
+# ----------------------------------------------------------------------------- reading
+
+def read_metrics(path: Path) -> tuple[list[dict], list[dict]]:
+    """(logged steps, evaluations) from metrics.jsonl, by step; a live run's half-written line is skipped.
+
+    A resumed run logs some steps twice; the later record (the resumed run's) wins.
+    """
+    logs: dict[int, dict] = {}
+    evals: dict[int, dict] = {}
+    with open(path, encoding="utf-8") as handle:
+        for line in handle:
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+                continue
+            if isinstance(record.get("eval"), dict):
+                evals[record["step"]] = record
+            elif "loss" in record:
+                logs[record["step"]] = record
+    return [logs[s] for s in sorted(logs)], [evals[s] for s in sorted(evals)]
+
+
+def read_predictions(path: Path) -> tuple[list[list[str]], list[list[str]]]:
+    """(gold, predicted) tag sequences from `word<TAB>gold<TAB>predicted` lines, blank line between sentences."""
+    gold: list[list[str]] = []
+    predicted: list[list[str]] = []
+    sentence_gold: list[str] = []
+    sentence_pred: list[str] = []
+    for line_no, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            if sentence_gold:
+                gold.append(sentence_gold)
+                predicted.append(sentence_pred)
+                sentence_gold, sentence_pred = [], []
+            continue
+        columns = line.split("\t") if "\t" in line else line.split()
+        if len(columns) < 3:
+            raise UserError(f"{path}:{line_no}: expected 'word<TAB>gold<TAB>predicted', got {line.strip()!r}")
+        sentence_gold.append(columns[-2].strip())
+        sentence_pred.append(columns[-1].strip())
+    if sentence_gold:
+        gold.append(sentence_gold)
+        predicted.append(sentence_pred)
+    return gold, predicted
+
+
+def best_evaluation(evals: list[dict]) -> dict:
+    """Highest overall F1, the earliest on ties (the model training keeps and exports)."""
+    return max(evals, key=lambda record: (record["eval"]["f1"], -record["step"]))
+
+
+# ----------------------------------------------------------------------------- confusion
+
+def confusion_counts(gold_tags: list[list[str]], pred_tags: list[list[str]]) -> dict[str, dict[str, int]]:
+    """counts[gold type][predicted type] over entities matched by exact span, sentence by sentence.
+
+    A span in both with different types is a confusion; a gold span nobody predicted is counted
+    in column NO_ENTITY (missed); a predicted span not in gold is counted in row NO_ENTITY
+    (spurious). So, as in seqeval, a boundary error counts once missed and once spurious, and per
+    type: true positives = counts[T][T], support = sum of row T, predictions = sum of column T.
+    Every type seen and NO_ENTITY are keys of every row; counts[NO_ENTITY][NO_ENTITY] stays 0.
+    """
+    if len(gold_tags) != len(pred_tags):
+        raise ValueError(f"{len(gold_tags)} gold sentences but {len(pred_tags)} predicted")
+    pairs: list[tuple[str, str]] = []
+    for gold, pred in zip(gold_tags, pred_tags, strict=True):
+        if len(gold) != len(pred):
+            raise ValueError(f"sentence of {len(gold)} gold tags but {len(pred)} predicted")
+        gold_spans = {(start, end): kind for kind, start, end in get_entities(gold)}
+        pred_spans = {(start, end): kind for kind, start, end in get_entities(pred)}
+        for span, kind in gold_spans.items():
+            pairs.append((kind, pred_spans.get(span, NO_ENTITY)))
+        pairs += [(NO_ENTITY, kind) for span, kind in pred_spans.items() if span not in gold_spans]
+    types = sorted({kind for pair in pairs for kind in pair} - {NO_ENTITY})
+    keys = [*types, NO_ENTITY]
+    counts = {row: dict.fromkeys(keys, 0) for row in keys}
+    for row, column in pairs:
+        counts[row][column] += 1
+    return counts
+
+
+# ----------------------------------------------------------------------------- figures
+
+def _save(figure: Figure, path: Path) -> Path:
+    """Written beside its name and renamed, so a viewer of a live run never reads half a PNG."""
+    figure.tight_layout()
+    tmp = path.with_name(f".{path.stem}.tmp.png")
+    figure.savefig(tmp, dpi=DPI)
+    os.replace(tmp, path)
+    return path
+
+
+def _epoch_starts(logs: list[dict]) -> list[tuple[int, int]]:
+    """(step, epoch) where the epoch changes between consecutive logged steps."""
+    return [(now["step"], now["epoch"]) for before, now in pairwise(logs)
+            if now.get("epoch") is not None and now.get("epoch") != before.get("epoch")]
+
+
+def plot_loss_lr(logs: list[dict], path: Path) -> Path:
+    steps = [r["step"] for r in logs]
+    figure = Figure(figsize=FIGSIZE)
+    loss_ax, lr_ax = figure.subplots(2, 1, sharex=True, height_ratios=(3, 2))
+    loss_ax.plot(steps, [r["loss"] for r in logs], color="#C44E52", marker="." if len(steps) < 60 else None)
+    loss_ax.set_ylabel("training loss\n(mean per token)")
+    loss_ax.set_title(f"Training loss and learning rate ({steps[-1]} steps)")
+    lr_ax.plot(steps, [r.get("lr", np.nan) for r in logs], color="#4C72B0")
+    lr_ax.set_ylabel("learning rate")
+    lr_ax.set_xlabel("optimizer step")
+    lr_ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:.1e}" if value else "0"))
+    for ax in (loss_ax, lr_ax):
+        ax.grid(alpha=0.3)
+        for step, _ in _epoch_starts(logs):
+            ax.axvline(step, color="grey", linestyle=":", linewidth=1)
+    for step, epoch in _epoch_starts(logs):
+        loss_ax.annotate(f"epoch {epoch}", (step, 1.0), xycoords=("data", "axes fraction"), xytext=(3, -12),
+                         textcoords="offset points", fontsize=8, color="grey")
+    return _save(figure, path)
+
+
+def plot_validation_f1(evals: list[dict], path: Path) -> Path:
+    steps = [r["step"] for r in evals]
+    figure = Figure(figsize=FIGSIZE)
+    ax = figure.subplots()
+    types = sorted({kind for r in evals for kind in r["eval"].get("per_type", {})})
+    marker = "o" if len(steps) < 40 else None
+    for kind in types:
+        values = [r["eval"]["per_type"].get(kind, {}).get("f1", np.nan) * 100 for r in evals]
+        ax.plot(steps, values, marker=marker, markersize=3, linewidth=1.2, alpha=0.8, label=kind)
+    ax.plot(steps, [r["eval"]["f1"] * 100 for r in evals], color="black", marker=marker, linewidth=2.5,
+            label="overall (micro)")
+    best = best_evaluation(evals)
+    ax.plot([best["step"]], [best["eval"]["f1"] * 100], marker="*", markersize=16, color="gold",
+            markeredgecolor="black", linestyle="none", label=f"best: {best['eval']['f1'] * 100:.2f} "
+            f"at step {best['step']}")
+    ax.set_ylim(0, 102)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("entity F1 (%)")
+    ax.set_title("Validation F1 (entity-level, seqeval)")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=9, frameon=False)
+    return _save(figure, path)
+
+
+def plot_per_type(record: dict, path: Path) -> Path:
+    scores = record["eval"]
+    rows = sorted(scores.get("per_type", {}).items()) + [("overall", scores)]
+    figure = Figure(figsize=(max(FIGSIZE[0], 1.1 * len(rows) + 2), FIGSIZE[1]))
+    ax = figure.subplots()
+    x = np.arange(len(rows))
+    width = 0.27
+    for i, metric in enumerate(("precision", "recall", "f1")):
+        values = [row[metric] * 100 for _, row in rows]
+        bars = ax.bar(x + (i - 1) * width, values, width, label=metric if metric != "f1" else "F1",
+                      color=METRIC_COLORS[metric])
+        if metric == "f1":
+            ax.bar_label(bars, fmt="%.1f", fontsize=8, padding=2)
+    ax.set_xticks(x, [f"{name}\n(n={row['support']})" for name, row in rows])
+    ax.set_ylim(0, 110)
+    ax.set_ylabel("score (%)")
+    ax.set_title(f"Validation scores per entity type at step {record['step']} (best F1)")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3, frameon=False)
+    return _save(figure, path)
+
+
+def plot_confusion(counts: dict[str, dict[str, int]], path: Path) -> Path:
+    keys = list(counts)
+    matrix = np.array([[counts[row][column] for column in keys] for row in keys], dtype=float)
+    # Colour is the share of the row, so rare types read as clearly as common ones; cells show counts.
+    shares = matrix / np.maximum(matrix.sum(axis=1, keepdims=True), 1)
+    shares[-1, -1] = np.nan  # nothing in gold, nothing predicted: not counted
+    size = len(keys)
+    figure = Figure(figsize=(max(FIGSIZE[0], 0.8 * size + 3), max(FIGSIZE[1], 0.6 * size + 2)))
+    ax = figure.subplots()
+    image = ax.imshow(np.ma.masked_invalid(shares), cmap="Blues", vmin=0, vmax=1, aspect="auto")
+    for i in range(size):
+        for j in range(size):
+            if i == size - 1 and j == size - 1:
+                continue
+            value = int(matrix[i, j])
+            color = "white" if shares[i, j] > 0.6 else ("black" if value else "#AAAAAA")
+            ax.text(j, i, str(value), ha="center", va="center", fontsize=10, color=color,
+                    fontweight="bold" if i == j and value else "normal")
+    ax.set_xticks(range(size), [*keys[:-1], "none\n(missed)"])
+    ax.set_yticks(range(size), [f"{key}\n(n={int(matrix[i].sum())})" for i, key in enumerate(keys[:-1])]
+                  + ["none\n(spurious)"])
+    ax.set_xlabel("predicted type")
+    ax.set_ylabel("gold type")
+    ax.set_title("Entity confusion on validation (exact spans; colour: share of the row)")
+    figure.colorbar(image, ax=ax, fraction=0.046, pad=0.03, label="share of gold row")
+    return _save(figure, path)
+
+
+# ----------------------------------------------------------------------------- entry points
+
+def write_plots(output_dir: Path) -> list[Path]:
+    """Every plot the run's files allow; the others are skipped with a note in the log."""
+    output_dir = Path(output_dir)
+    if not output_dir.is_dir():
+        raise UserError(f"{output_dir}: not a folder (expected the --output-dir of a training run)")
+    written: list[Path] = []
+    metrics_path = output_dir / "metrics.jsonl"
+    logs, evals = read_metrics(metrics_path) if metrics_path.is_file() else ([], [])
+    if logs:
+        written.append(plot_loss_lr(logs, output_dir / "loss_lr.png"))
+    else:
+        log.info("plot: no logged training steps in %s yet: loss_lr.png skipped", metrics_path)
+    if evals:
+        written.append(plot_validation_f1(evals, output_dir / "validation_f1.png"))
+        written.append(plot_per_type(best_evaluation(evals), output_dir / "per_type_f1.png"))
+    else:
+        log.info("plot: no validation in %s: validation_f1.png and per_type_f1.png skipped", metrics_path)
+    predictions = output_dir / "predictions" / "validation.conll"
+    if predictions.is_file():
+        counts = confusion_counts(*read_predictions(predictions))
+        if len(counts) > 1:
+            written.append(plot_confusion(counts, output_dir / "confusion.png"))
+        else:
+            log.info("plot: no entities in %s: confusion.png skipped", predictions)
+    else:
+        log.info("plot: no %s (written at the end of training): confusion.png skipped", predictions)
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ner.plot", description=__doc__.splitlines()[0])
+    parser.add_argument("output_dir", type=Path, help="a training run's --output-dir (holds metrics.jsonl)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(format="%(message)s", level=logging.INFO)
+    try:
+        if args.output_dir.is_dir() and not any((args.output_dir / name).exists() for name in
+                                                ("metrics.jsonl", "predictions/validation.conll")):
+            raise UserError(f"{args.output_dir}: no metrics.jsonl or predictions/validation.conll "
+                            "(expected the --output-dir of a training run)")
+        written = write_plots(args.output_dir)
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return USAGE_EXIT_CODE
+    for path in written:
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""TrainConfig: YAML + flag precedence, validation, and --help from both entry points."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from conftest import run_cli
+
+from ner.config import TrainConfig, load_yaml, parse_config
+from ner.errors import UserError
+
+
+def test_flags_override_yaml_which_overrides_defaults(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("learning_rate: 3e-5\nbatch-size: 8\nnum_epochs: 4\n")
+    cfg, _ = parse_config(["--config", str(config), "--batch-size", "16"])
+    assert (cfg.learning_rate, cfg.batch_size, cfg.num_epochs) == (3e-5, 16, 4)
+    assert cfg.seed == TrainConfig().seed
+
+
+def test_backend_shortcuts():
+    assert parse_config(["--raw-ddp"])[0].backend == "raw-ddp"
+    assert parse_config(["--data-parallel"])[0].backend == "data-parallel"
+    assert parse_config(["--raw-ddp", "--local_rank", "3"])[1].local_rank == 3
+    assert parse_config(["--raw-ddp", "--local-rank=1"])[1].local_rank == 1
+
+
+@pytest.mark.parametrize("text, message", [
+    ("learning_rat: 1e-4\n", "c.yaml: unknown option 'learning_rat'"),
+    ("batch_size: eight\n", "c.yaml: option 'batch_size' expects int, got 'eight'"),
+    ("lr_scheduler: wavy\n", "c.yaml: option 'lr_scheduler' must be one of"),
+    ("- a list\n", "c.yaml: expected a mapping"),
+    ("a: [\n", "c.yaml:2: not valid YAML"),
+])
+def test_yaml_errors_name_the_file(tmp_path, text, message):
+    config = tmp_path / "c.yaml"
+    config.write_text(text)
+    with pytest.raises(UserError) as info:
+        load_yaml(config)
+    assert str(info.value).startswith(str(tmp_path / message.split(":")[0]) + ":" + message.split(":", 1)[1])
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--batch-size", "0"], "--batch-size must be positive"),
+    (["--warmup-ratio", "1.5"], "--warmup-ratio must be in [0, 1)"),
+    (["--max-seq-length", "4"], "--max-seq-length 4 is too small"),
+])
+def test_validation(argv, message):
+    with pytest.raises(UserError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
+        parse_config(argv)
+
+
+REQUIRED_FLAGS = ["--model", "--train-file", "--validation-file", "--test-file", "--output-dir", "--num-epochs",
+                  "--max-steps", "--batch-size", "--gradient-accumulation-steps", "--learning-rate", "--warmup-ratio",
+                  "--weight-decay", "--lr-scheduler", "--max-seq-length", "--seed", "--mixed-precision",
+                  "--eval-steps", "--save-steps", "--no-eval", "--config", "--raw-ddp", "--data-parallel",
+                  "--resume", "--save-total-limit", "--dist-timeout", "--overwrite-output-dir", "--trust-remote-code"]
+
+
+@pytest.mark.parametrize("entry", [["ner/train.py"], ["-m", "ner.train"]])
+def test_help_lists_every_flag_with_its_default(entry):
+    result = run_cli([sys.executable, *entry, "--help"])
+    assert result.returncode == 0, result.stderr
+    text = " ".join(result.stdout.split())
+    for flag in REQUIRED_FLAGS:
+        assert flag in text
+    assert "(default: 5e-05)" in text or "(default: 0.0001)" in text or "(default:" in text
+    assert f"(default: {TrainConfig().learning_rate})" in text
+    assert f"(default: {TrainConfig().seed})" in text

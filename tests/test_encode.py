@@ -1,0 +1,112 @@
+"""Subword alignment, windows for long sentences, batching plans; with a hypothesis property."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ner.batching import TokenBudgetBatchSampler, inference_batches
+from ner.data import Example
+from ner.encode import IGNORE_INDEX, collate, encode_examples, merge_predictions, plan_windows, predicted_words
+
+LABELS = ["O", "B-LOC", "I-LOC", "B-PER", "I-PER"]
+LABEL2ID = {label: i for i, label in enumerate(LABELS)}
+ID2LABEL = dict(enumerate(LABELS))
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_bert):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_bert)
+
+
+def roundtrip(examples, tokenizer, max_seq_length, label_all=False):
+    """Gold labels through features and back, as if the model predicted them perfectly."""
+    features = encode_examples(examples, tokenizer, LABEL2ID, max_seq_length, label_all_subwords=label_all)
+    batch = collate(features, tokenizer.pad_token_id)
+    gold = batch["labels"].clamp(min=0)
+    triples = predicted_words(batch["word_index"], batch["example_index"], gold)
+    return features, merge_predictions(examples, *triples, ID2LABEL)
+
+
+def test_first_subword_labelled_rest_ignored(tokenizer):
+    example = Example(["Lovelace", "xyzzy"], ["B-PER", "O"], "t")
+    features, _ = roundtrip([example], tokenizer, 32)
+    (feature,) = features
+    pieces = tokenizer(["xyzzy"], is_split_into_words=True, add_special_tokens=False)["input_ids"]
+    assert len(pieces) > 1  # the made-up word splits into several subwords
+    assert feature.labels == [IGNORE_INDEX, LABEL2ID["B-PER"], LABEL2ID["O"]] + [IGNORE_INDEX] * (len(pieces) - 1) \
+        + [IGNORE_INDEX]
+    assert feature.input_ids[0] == tokenizer.cls_token_id and feature.input_ids[-1] == tokenizer.sep_token_id
+
+
+def test_label_all_subwords_continues_b_as_i(tokenizer):
+    example = Example(["Lovelacezz"], ["B-PER"], "t")
+    features, tags = roundtrip([example], tokenizer, 32, label_all=True)
+    inner = features[0].labels[1:-1]
+    assert inner[0] == LABEL2ID["B-PER"] and set(inner[1:]) == {LABEL2ID["I-PER"]}
+    assert tags == [["B-PER"]]
+
+
+def test_long_sentence_becomes_windows_and_every_word_comes_back_once(tokenizer):
+    words = [f"w{i}" for i in range(90)]
+    tags = ["B-PER" if i % 7 == 0 else ("I-PER" if i % 7 == 1 else "O") for i in range(90)]
+    features, merged = roundtrip([Example(words, tags, "t")], tokenizer, 24)
+    assert len(features) > 3
+    assert all(len(f.input_ids) <= 24 for f in features)
+    owned = [w for f in features for w in f.word_index if w >= 0]
+    assert sorted(owned) == list(range(90))  # each word owned by exactly one window
+    assert merged == [tags]
+
+
+def test_window_plan_overlaps_and_owns_each_word_once():
+    windows = plan_windows([1] * 20, budget=8, stride_words=2)
+    assert windows[0][0] == 0 and windows[-1][1] == 20
+    for (s1, e1, _, oe1), (s2, e2, os2, _) in zip(windows, windows[1:]):
+        assert s2 < e1  # consecutive windows overlap
+        assert oe1 == os2  # ownership hands over at one point
+    assert sum(oe - os for _, _, os, oe in windows) == 20
+
+
+tag_strategy = st.sampled_from(LABELS)
+word_strategy = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs", "Zs", "Cc", "Zl", "Zp")),
+                        min_size=1, max_size=12).filter(lambda w: w.split() == [w])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.tuples(word_strategy, tag_strategy), min_size=1, max_size=70), min_size=1, max_size=4),
+       st.integers(min_value=8, max_value=40))
+def test_property_tags_to_subwords_and_back_is_identity(tokenizer, sentences, max_seq_length):
+    examples = [Example([w for w, _ in s], [t for _, t in s], "h") for s in sentences]
+    _, merged = roundtrip(examples, tokenizer, max_seq_length)
+    assert merged == [e.tags for e in examples]
+
+
+def test_token_budget_batches_respect_budget_and_cover_everything():
+    lengths = list(np.random.default_rng(0).integers(5, 60, size=500))
+    sampler = TokenBudgetBatchSampler(lengths, max_sentences=32, max_tokens=512, seed=3)
+    plan = sampler.plan(0)
+    assert sorted(i for batch in plan for i in batch) == list(range(500))
+    assert all(len(b) <= 32 and max(lengths[i] for i in b) * len(b) <= 512 for b in plan)
+    assert plan != sampler.plan(1)  # reshuffled every epoch
+    assert plan == TokenBudgetBatchSampler(lengths, 32, 512, seed=3).plan(0)  # a pure function of (seed, epoch)
+    padded = sum(max(lengths[i] for i in b) * len(b) for b in plan)
+    assert sum(lengths) / padded > 0.9  # length grouping keeps padding low
+
+
+def test_plan_is_padded_to_a_multiple_of_the_world_size_and_skips_for_resume():
+    sampler = TokenBudgetBatchSampler([10] * 10, max_sentences=3, max_tokens=0, seed=0, num_replicas=3)
+    plan = sampler.plan(0)
+    assert len(plan) == 6 and plan[4:] == plan[:2]  # 4 batches, the first two repeated
+    sampler.set_epoch(0, skip_batches=2)
+    assert list(sampler) == plan[2:] and len(sampler) == 4
+
+
+def test_inference_batches_cover_each_item_once_sorted_by_length():
+    lengths = [5, 50, 7, 33, 12]
+    batches = inference_batches(lengths, max_sentences=2, max_tokens=0)
+    assert sorted(i for b in batches for i in b) == list(range(5))
+    assert batches[0] == [1, 3]

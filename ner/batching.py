@@ -35,7 +35,12 @@ class TokenBudgetBatchSampler:
         self.epoch = 0
         self.skip_batches = 0
 
-    def set_epoch(self, epoch: int, skip_batches: int = 0) -> None:
+    def set_epoch(self, epoch: int, skip_batches: int | None = None) -> None:
+        """Skip `skip_batches` of the epoch's plan (resume). Without it, a repeated call for the
+        same epoch keeps the skip: Accelerate's DataLoaderShard calls set_epoch(epoch) itself
+        at the start of every iteration."""
+        if skip_batches is None:
+            skip_batches = self.skip_batches if epoch == self.epoch else 0
         self.epoch = epoch
         self.skip_batches = skip_batches
 

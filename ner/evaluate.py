@@ -97,11 +97,12 @@ def format_sentence(rank: int, example: Example, predicted: list[str]) -> str:
     text = textwrap.fill(" ".join(example.words), width=100, initial_indent="    ", subsequent_indent="    ")
     cells = [(_describe(example.words, r.gold), _describe(example.words, r.predicted), r.problem) for r in rows]
     width = max([len("gold")] + [len(c[0]) for c in cells])
+    pred_width = max([len("predicted")] + [len(c[1]) for c in cells])
     lines = [f"#{rank}  {where}  ({entity_errors(example.tags, predicted)} entity errors)", text,
              f"      {'gold':<{width}} | predicted"]
     for gold_text, pred_text, problem in cells:
         mark = "x" if problem else " "
-        lines.append(f"    {mark} {gold_text:<{width}} | {pred_text}" + (f"   ({problem})" if problem else ""))
+        lines.append(f"    {mark} {gold_text:<{width}} | {pred_text:<{pred_width}}  {problem}".rstrip())
     return "\n".join(lines)
 
 

@@ -178,7 +178,7 @@ def fit(model, optimizer, scheduler, train_loader, backend, state: TrainState, t
             state.batches_done += len(group)
             state.step_losses.append(loss)
             hooks.on_update(state, loss, group)
-            if state.global_step >= total_steps:
+            if num_epochs is None and state.global_step >= total_steps:
                 return state
         state.epoch += 1
         state.batches_done = 0

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter
+from matplotlib.ticker import FuncFormatter, MaxNLocator
 from seqeval.metrics.sequence_labeling import get_entities
 
 from ner.errors import USAGE_EXIT_CODE, UserError
@@ -60,6 +60,19 @@ def read_metrics(path: Path) -> tuple[list[dict], list[dict]]:
             elif "loss" in record:
                 logs[record["step"]] = record
     return [logs[s] for s in sorted(logs)], [evals[s] for s in sorted(evals)]
+
+
+def write_predictions(path: Path, words: list[list[str]], gold: list[list[str]], predicted: list[list[str]]) -> Path:
+    """`word<TAB>gold<TAB>predicted` per word, blank line between sentences; written whole or not at all."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as handle:
+        for sentence in zip(words, gold, predicted, strict=True):
+            handle.writelines(f"{w}\t{g}\t{p}\n" for w, g, p in zip(*sentence, strict=True))
+            handle.write("\n")
+    os.replace(tmp, path)
+    return path
 
 
 def read_predictions(path: Path) -> tuple[list[list[str]], list[list[str]]]:
@@ -132,8 +145,15 @@ def _save(figure: Figure, path: Path) -> Path:
     return path
 
 
+def _step_axis(ax, steps: list[int]) -> None:
+    """Whole steps only, and some room around a single point."""
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 2.5, 5, 10]))
+    if len(set(steps)) == 1:
+        ax.set_xlim(steps[0] - 1, steps[0] + 1)
+
+
 def _epoch_starts(logs: list[dict]) -> list[tuple[int, int]]:
-    """(step, epoch) where the epoch changes between consecutive logged steps."""
+    """(first logged step, epochs completed) where the epoch changes between consecutive logged steps."""
     return [(now["step"], now["epoch"]) for before, now in pairwise(logs)
             if now.get("epoch") is not None and now.get("epoch") != before.get("epoch")]
 
@@ -148,13 +168,14 @@ def plot_loss_lr(logs: list[dict], path: Path) -> Path:
     lr_ax.plot(steps, [r.get("lr", np.nan) for r in logs], color="#4C72B0")
     lr_ax.set_ylabel("learning rate")
     lr_ax.set_xlabel("optimizer step")
-    lr_ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:.1e}" if value else "0"))
+    _step_axis(lr_ax, steps)
+    lr_ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:.3g}"))
     for ax in (loss_ax, lr_ax):
         ax.grid(alpha=0.3)
         for step, _ in _epoch_starts(logs):
             ax.axvline(step, color="grey", linestyle=":", linewidth=1)
     for step, epoch in _epoch_starts(logs):
-        loss_ax.annotate(f"epoch {epoch}", (step, 1.0), xycoords=("data", "axes fraction"), xytext=(3, -12),
+        loss_ax.annotate(f"end of epoch {epoch}", (step, 1.0), xycoords=("data", "axes fraction"), xytext=(3, -12),
                          textcoords="offset points", fontsize=8, color="grey")
     return _save(figure, path)
 
@@ -176,6 +197,7 @@ def plot_validation_f1(evals: list[dict], path: Path) -> Path:
             f"at step {best['step']}")
     ax.set_ylim(0, 102)
     ax.set_xlabel("optimizer step")
+    _step_axis(ax, steps)
     ax.set_ylabel("entity F1 (%)")
     ax.set_title("Validation F1 (entity-level, seqeval)")
     ax.grid(alpha=0.3)
@@ -186,7 +208,8 @@ def plot_validation_f1(evals: list[dict], path: Path) -> Path:
 def plot_per_type(record: dict, path: Path) -> Path:
     scores = record["eval"]
     rows = sorted(scores.get("per_type", {}).items()) + [("overall", scores)]
-    figure = Figure(figsize=(max(FIGSIZE[0], 1.1 * len(rows) + 2), FIGSIZE[1]))
+    crowded = len(rows) > 9
+    figure = Figure(figsize=(min(16.0, max(FIGSIZE[0], 0.75 * len(rows) + 2)), FIGSIZE[1] + (1 if crowded else 0)))
     ax = figure.subplots()
     x = np.arange(len(rows))
     width = 0.27
@@ -195,13 +218,17 @@ def plot_per_type(record: dict, path: Path) -> Path:
         bars = ax.bar(x + (i - 1) * width, values, width, label=metric if metric != "f1" else "F1",
                       color=METRIC_COLORS[metric])
         if metric == "f1":
-            ax.bar_label(bars, fmt="%.1f", fontsize=8, padding=2)
-    ax.set_xticks(x, [f"{name}\n(n={row['support']})" for name, row in rows])
-    ax.set_ylim(0, 110)
+            ax.bar_label(bars, fmt="%.1f", fontsize=8, padding=2, rotation=90 if crowded else 0)
+    labels = [f"{name} (n={row['support']})" if crowded else f"{name}\n(n={row['support']})" for name, row in rows]
+    ax.set_xticks(x, labels, rotation=40 if crowded else 0, ha="right" if crowded else "center")
+    ax.set_xlim(-0.6, len(rows) - 0.4)
+    ax.axvline(len(rows) - 1.5, color="grey", linestyle="--", linewidth=1)  # types | overall
+    ax.set_ylim(0, 122)  # headroom for the legend above the 100 line
+    ax.set_yticks(range(0, 101, 20))
     ax.set_ylabel("score (%)")
     ax.set_title(f"Validation scores per entity type at step {record['step']} (best F1)")
     ax.grid(axis="y", alpha=0.3)
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3, frameon=False)
+    ax.legend(loc="upper right", ncol=3, fontsize=9)
     return _save(figure, path)
 
 
@@ -212,7 +239,7 @@ def plot_confusion(counts: dict[str, dict[str, int]], path: Path) -> Path:
     shares = matrix / np.maximum(matrix.sum(axis=1, keepdims=True), 1)
     shares[-1, -1] = np.nan  # nothing in gold, nothing predicted: not counted
     size = len(keys)
-    figure = Figure(figsize=(max(FIGSIZE[0], 0.8 * size + 3), max(FIGSIZE[1], 0.6 * size + 2)))
+    figure = Figure(figsize=(max(FIGSIZE[0], 0.6 * size + 3), max(FIGSIZE[1], 0.45 * size + 2)))
     ax = figure.subplots()
     image = ax.imshow(np.ma.masked_invalid(shares), cmap="Blues", vmin=0, vmax=1, aspect="auto")
     for i in range(size):

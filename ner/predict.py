@@ -22,7 +22,7 @@ import torch
 from seqeval.metrics import classification_report
 from seqeval.metrics.sequence_labeling import get_entities
 
-from ner.backends import autocast_for, resolve_precision
+from ner.backends import autocast_for, default_device, resolve_precision
 from ner.batching import inference_batches
 from ner.data import Example, check_known_labels, read_conll
 from ner.encode import encode_examples, merge_predictions
@@ -44,7 +44,7 @@ class Tagger:
             raise UserError(f"{model_dir}: not a model folder (no config.json); pass OUTPUT_DIR/final")
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.model = AutoModelForTokenClassification.from_pretrained(model_dir).eval()
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.device = torch.device(device) if device else default_device()
         self.model.to(self.device)
         self.precision = resolve_precision(precision, self.device)
         self.id2label = {int(k): v for k, v in self.model.config.id2label.items()}

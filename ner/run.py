@@ -25,14 +25,17 @@ from ner.data import SAMPLE_DIR, Splits, build_label_list, check_known_labels, l
 from ner.encode import cached_encode, collate
 from ner.errors import UserError
 from ner.export import export_checkpoint
-from ner.loop import EvalSet, TrainState, evaluate, fit, updates_in_epoch
+from ner.loop import EvalSet, TrainState, evaluate, fit, predict_tags, updates_in_epoch
 from ner.metrics import format_scores
 from ner.model import build_model, build_optimizer, build_scheduler, load_tokenizer
+from ner.plot import write_plots, write_predictions
 from ner.progress import RunHooks
 
 log = logging.getLogger("ner")
 
-RUN_MARKERS = ("checkpoints", "final", "metrics.jsonl")
+# What a finished or running job leaves; --overwrite-output-dir removes exactly these.
+RUN_MARKERS = ("checkpoints", "final", "metrics.jsonl", "predictions", "loss_lr.png", "validation_f1.png",
+               "per_type_f1.png", "confusion.png")
 
 
 def setup_logging(is_main: bool) -> None:
@@ -172,8 +175,22 @@ def run(cfg: TrainConfig, backend) -> dict:
     return finish(cfg, backend, model, data, state, hooks)
 
 
+def write_validation_predictions(cfg: TrainConfig, backend, model, data: Prepared) -> None:
+    """word / gold / predicted per line, for the confusion matrix and for people to grep."""
+    validation = data.eval_sets.get("validation")
+    if validation is None or cfg.no_eval:
+        return
+    predicted = predict_tags(model, validation, backend, data.tokenizer.pad_token_id,
+                             dict(enumerate(data.label_list)))
+    if backend.is_main_process:
+        write_predictions(cfg.output_path / "predictions" / "validation.conll",
+                          [e.words for e in validation.examples], [e.tags for e in validation.examples], predicted)
+
+
 def finish(cfg: TrainConfig, backend, model, data: Prepared, state: TrainState, hooks: RunHooks) -> dict:
     """Final checkpoint, best weights back in, test score, export to OUTPUT_DIR/final."""
+    if not state.eval_history or state.eval_history[-1]["step"] != state.global_step:
+        hooks.evaluate(state)  # --max-steps can stop between scheduled evaluations
     last = hooks.save(state)
     best = ckpt.checkpoint_root(cfg.output_path) / f"step_{state.best_step}"
     source = best if state.best_step is not None and best.is_dir() else last
@@ -187,9 +204,11 @@ def finish(cfg: TrainConfig, backend, model, data: Prepared, state: TrainState, 
                           dict(enumerate(data.label_list)), data.splits.scheme)
         metrics["test"] = scores
         log.info("test: %s", format_scores(scores))
+    write_validation_predictions(cfg, backend, model, data)
     if backend.is_main_process:
         export_checkpoint(source, cfg.output_path / "final", metrics)
         log.info("exported %s", cfg.output_path / "final")
+        write_plots(cfg.output_path)
         print(json.dumps({k: (v["f1"] if isinstance(v, dict) else v) for k, v in metrics.items()}))
     backend.wait_for_everyone()
     return metrics

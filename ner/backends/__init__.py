@@ -57,6 +57,11 @@ def cpu_supports_bf16() -> bool:
     return " amx_bf16" in flags or " avx512_bf16" in flags
 
 
+def default_device() -> torch.device:
+    """The first accelerator when there is one (inference needs no process group)."""
+    return torch.accelerator.current_accelerator() if torch.accelerator.is_available() else torch.device("cpu")
+
+
 def resolve_precision(requested: str, device: torch.device) -> str:
     if requested != "auto":
         return requested

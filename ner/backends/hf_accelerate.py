@@ -53,8 +53,8 @@ class AccelerateBackend:
     def set_epoch(self, train_loader, epoch: int, skip_batches: int) -> None:
         # Our sampler is a pure function of (seed, epoch); Accelerate's BatchSamplerShard then
         # hands batch i to rank i % world, so skipping resumes mid-epoch on the exact batch.
-        self._batch_sampler.set_epoch(epoch, skip_batches * self.num_processes)
         train_loader.set_epoch(epoch)
+        self._batch_sampler.set_epoch(epoch, skip_batches * self.num_processes)
 
     def backward(self, loss: torch.Tensor) -> None:
         self.accelerator.backward(loss)

@@ -12,8 +12,9 @@ import contextlib
 import logging
 import math
 import time
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Iterable, Iterator, Protocol
+from typing import Protocol
 
 import numpy as np
 import torch

@@ -23,7 +23,6 @@ from ner.errors import USAGE_EXIT_CODE, UserError
 from ner.run import run
 
 
-
 class Worker:
     """Picklable `run(cfg, backend)` for self-spawned raw-DDP processes."""
 

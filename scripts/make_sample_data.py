@@ -102,9 +102,9 @@ FILLERS = {
     "MONTH": lambda r: r.choice("January March April June July September October December".split()),
     "YEAR": lambda r: str(r.randint(2015, 2024)),
     "NUM": lambda r: str(r.choice([3, 7, 12, 15, 24, 40, 85, 120, 350, 1200])),
-    "PCT": lambda r: "%d.%d" % (r.randint(0, 9), r.randint(1, 9)),
-    "SCORE": lambda r: "%d-%d" % (r.randint(1, 4), r.randint(0, 3)),
-    "DATE": lambda r: "%s %d" % (r.choice(["May", "August", "November"]), r.randint(1, 28)),
+    "PCT": lambda r: f"{r.randint(0, 9)}.{r.randint(1, 9)}",
+    "SCORE": lambda r: f"{r.randint(1, 4)}-{r.randint(0, 3)}",
+    "DATE": lambda r: f"{r.choice(['May', 'August', 'November'])} {r.randint(1, 28)}",
 }
 
 # Templates are pre-tokenised: tokens separated by single spaces.
@@ -244,7 +244,7 @@ def write_conll(path, sents):
     with open(path, "w", encoding="utf-8", newline="\n") as f:
         f.write("-DOCSTART- O\n\n")
         for sent in sents:
-            f.write("".join("%s %s\n" % (w, t) for w, t in sent) + "\n")
+            f.write("".join(f"{w} {t}\n" for w, t in sent) + "\n")
 
 
 def main(argv):
@@ -256,7 +256,7 @@ def main(argv):
         sents = make_split(rng, split, n, pools)
         path = os.path.join(out_dir, split + ".conll")
         write_conll(path, sents)
-        print("wrote %s (%d sentences)" % (path, len(sents)))
+        print(f"wrote {path} ({len(sents)} sentences)")
 
 
 if __name__ == "__main__":

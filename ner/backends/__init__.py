@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager as ContextManager
 from pathlib import Path
-from typing import Any, Callable, ContextManager, Iterable, Protocol
+from typing import Any, Protocol
 
 import torch
 

@@ -1,0 +1,182 @@
+"""End to end through the command lines: train -> checkpoint -> resume -> export -> predict,
+and the bad-input matrix (one line naming file and line, exit code 2, nothing half-written)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from conftest import python_module, read_state, run_cli, tiny_args
+
+from ner import train as train_cli
+from ner.checkpoint import list_checkpoints
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_bert, tiny_data, tmp_path_factory):
+    out = tmp_path_factory.mktemp("e2e") / "run"
+    result = run_cli(python_module("ner.train", *tiny_args(tiny_bert, tiny_data, out, "--num-epochs", "6",
+                                                           "--learning-rate", "3e-3", "--save-total-limit", "2")))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return out
+
+
+def test_final_folder_is_a_standard_hugging_face_model(trained):
+    final = trained / "final"
+    for name in ("model.safetensors", "config.json", "tokenizer_config.json", "training_args.json", "metrics.json",
+                 "README.md"):
+        assert (final / name).is_file(), name
+    config = json.loads((final / "config.json").read_text())
+    assert config["id2label"]["0"] == "O" and "B-PER" in config["label2id"]
+    metrics = json.loads((final / "metrics.json").read_text())
+    assert metrics["validation"]["f1"] > 0.5  # the tiny model does learn the templated data
+    assert set(metrics["test"]["per_type"]) == {"LOC", "ORG", "PER"}
+    from transformers import AutoModelForTokenClassification, pipeline
+
+    model = AutoModelForTokenClassification.from_pretrained(final)
+    assert model.config.id2label[0] == "O"
+    entities = pipeline("token-classification", model=str(final), aggregation_strategy="simple")(
+        "Grace Hopper visited Paris on Monday .")
+    assert {e["entity_group"] for e in entities} <= {"PER", "LOC", "ORG"}
+
+
+def test_rotation_keeps_the_newest_two_and_the_best(trained):
+    steps = [int(p.name.split("_")[1]) for p in list_checkpoints(trained)]
+    best = read_state(list_checkpoints(trained)[-1])["best_step"]
+    assert len(steps) <= 3 and best in steps and steps[-1] == max(steps)
+
+
+def test_predict_json_from_stdin_and_conll_output(trained, tiny_data):
+    final = trained / "final"
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "ner.predict", str(final)], input="Ada Lovelace visited London .\n",
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    record = json.loads(result.stdout.splitlines()[0])
+    assert record["words"] == ["Ada", "Lovelace", "visited", "London", "."]
+    for entity in record["entities"]:
+        assert set(entity) == {"text", "type", "start", "end", "score"}
+        assert entity["text"] == " ".join(record["words"][entity["start"]:entity["end"]])
+    tagged = run_cli(python_module("ner.predict", str(final), str(tiny_data["test"]), "--conll", "--format", "conll"))
+    assert tagged.returncode == 0, tagged.stderr
+    assert "micro avg" in tagged.stderr  # the seqeval report for gold input
+    words = [line.split("\t")[0] for line in tagged.stdout.splitlines() if line]
+    gold_words = [line.split()[0] for line in tiny_data["test"].read_text().splitlines()
+                  if line.strip() and not line.startswith("-DOCSTART-")]
+    assert words == gold_words  # every word tagged, none dropped
+
+
+def test_export_any_checkpoint_gives_the_same_format(trained, tmp_path):
+    checkpoint = list_checkpoints(trained)[0]
+    result = run_cli(python_module("ner.export", str(checkpoint), str(tmp_path / "exported")))
+    assert result.returncode == 0, result.stderr
+    exported = {p.name for p in (tmp_path / "exported").iterdir()}
+    assert exported == {p.name for p in (trained / "final").iterdir()}
+
+
+def test_resume_auto_continues_and_matches_an_uninterrupted_run(tiny_bert, tiny_data, tmp_path):
+    full = tmp_path / "full"
+    args = tiny_args(tiny_bert, tiny_data, full, "--save-steps", "4", "--save-total-limit", "0", "--no-eval")
+    assert train_cli.main(args) == 0
+    cut = tmp_path / "cut"
+    shutil.copytree(full / "checkpoints" / "step_20", cut / "checkpoints" / "step_20")
+    (cut / "checkpoints" / "step_24").mkdir()  # an interrupted save: no manifest, must be skipped
+    assert train_cli.main(tiny_args(tiny_bert, tiny_data, cut, "--save-steps", "4", "--save-total-limit", "0",
+                                    "--no-eval", "--resume", "auto")) == 0
+    a = read_state(list_checkpoints(full)[-1])["train_state"]
+    b = read_state(list_checkpoints(cut)[-1])["train_state"]
+    assert a["step_losses"] == b["step_losses"] and a["global_step"] == b["global_step"] == 30
+
+
+# ----------------------------------------------------------------------------- bad input matrix
+
+def bad_conll(tmp_path, name, content: bytes):
+    path = tmp_path / name
+    path.write_bytes(content)
+    return path
+
+
+BAD_TRAIN_FILES = {
+    "no_tag": (b"Ada B-PER\nLovelace\n", ":2: expected 'word ... TAG'"),
+    "bad_tag": (b"Ada B-PER\nLovelace I_PER\n", ":2: 'I_PER' is not a valid tag"),
+    "empty": (b"", ": file is empty"),
+    "latin1": (b"Ada B-PER\nna\xefve O\n", ":2: not UTF-8"),
+    "binary": (b"\x7fELF\x00\x00\x01", ": looks like a binary file"),
+}
+
+
+def assert_clean_failure(code: int, err: str, out_dir, expected: str) -> None:
+    lines = [line for line in err.splitlines() if line.strip() and "INFO" not in line]
+    assert code == 2
+    assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], err
+    assert "Traceback" not in err
+    assert not out_dir.exists() or not any(out_dir.iterdir())
+
+
+@pytest.mark.parametrize("case", sorted(BAD_TRAIN_FILES))
+def test_bad_training_file(case, tiny_bert, tiny_data, tmp_path, capsys):
+    content, message = BAD_TRAIN_FILES[case]
+    path = bad_conll(tmp_path, f"{case}.conll", content)
+    data = {**tiny_data, "train": path}
+    code = train_cli.main(tiny_args(tiny_bert, data, tmp_path / "out"))
+    assert_clean_failure(code, capsys.readouterr().err, tmp_path / "out", f"{path}{message}")
+
+
+def test_missing_file(tiny_bert, tiny_data, tmp_path, capsys):
+    data = {**tiny_data, "validation": tmp_path / "nope.conll"}
+    code = train_cli.main(tiny_args(tiny_bert, data, tmp_path / "out"))
+    assert_clean_failure(code, capsys.readouterr().err, tmp_path / "out", f"{tmp_path / 'nope.conll'}: file not found")
+
+
+def test_validation_label_unseen_in_training(tiny_bert, tiny_data, tmp_path, capsys):
+    path = bad_conll(tmp_path, "valid.conll", b"Ada B-PER\n\nacme B-COMPANY\n")
+    code = train_cli.main(tiny_args(tiny_bert, {**tiny_data, "validation": path}, tmp_path / "out"))
+    assert_clean_failure(code, capsys.readouterr().err, tmp_path / "out",
+                         f"{path}:3: tag 'B-COMPANY' never appears in the training data")
+
+
+@pytest.mark.parametrize("text, message", [("learning_rte: 1\n", "unknown option 'learning_rte'"),
+                                           ("num_epochs: three\n", "option 'num_epochs' expects int")])
+def test_bad_yaml(tiny_bert, tiny_data, tmp_path, capsys, text, message):
+    config = tmp_path / "c.yaml"
+    config.write_text(text)
+    code = train_cli.main(["--config", str(config), *tiny_args(tiny_bert, tiny_data, tmp_path / "out")])
+    assert_clean_failure(code, capsys.readouterr().err, tmp_path / "out", f"{config}: {message}")
+
+
+def test_max_seq_length_too_small_for_the_tokenizer(tiny_bert, tiny_data, tmp_path, capsys):
+    code = train_cli.main([*tiny_args(tiny_bert, tiny_data, tmp_path / "out"), "--max-seq-length", "3"])
+    assert_clean_failure(code, capsys.readouterr().err, tmp_path / "out", "--max-seq-length 3 is too small")
+
+
+def test_output_dir_holding_another_run_is_refused(trained, tiny_bert, tiny_data, capsys):
+    before = sorted(p.name for p in trained.iterdir())
+    code = train_cli.main(tiny_args(tiny_bert, tiny_data, trained))
+    err = capsys.readouterr().err
+    assert code == 2 and "holds another run" in err and "--overwrite-output-dir" in err
+    assert sorted(p.name for p in trained.iterdir()) == before
+
+
+def test_explicit_resume_of_a_corrupt_checkpoint_is_refused(trained, tiny_bert, tiny_data, tmp_path, capsys):
+    broken = tmp_path / "broken"
+    shutil.copytree(list_checkpoints(trained)[-1], broken)
+    with open(broken / "optimizer.pt", "r+b") as handle:
+        handle.truncate(100)
+    code = train_cli.main(tiny_args(tiny_bert, tiny_data, tmp_path / "out", "--resume", str(broken)))
+    err = capsys.readouterr().err
+    assert code == 2 and f"{broken}: not a complete checkpoint: optimizer.pt has 100 bytes" in err
+
+
+def test_resume_with_other_labels_or_hyperparameters_lists_differences(trained, tiny_bert, tiny_data, tmp_path,
+                                                                     capsys):
+    checkpoint = list_checkpoints(trained)[-1]
+    train_path = bad_conll(tmp_path, "t.conll", b"Ada B-PER\nsays O\n\nParis B-LOC\n")
+    data = {**tiny_data, "train": train_path, "validation": train_path, "test": train_path}
+    code = train_cli.main(tiny_args(tiny_bert, data, tmp_path / "out", "--resume", str(checkpoint),
+                                    "--learning-rate", "0.5"))
+    err = capsys.readouterr().err
+    assert code == 2 and "cannot resume" in err
+    assert "learning_rate: checkpoint 0.003, now 0.5" in err and "labels: checkpoint" in err

@@ -12,6 +12,7 @@ import contextlib
 import logging
 import math
 import time
+import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Protocol
@@ -39,6 +40,7 @@ class TrainState:
     best_f1: float | None = None
     best_step: int | None = None
     step_losses: list[float] = field(default_factory=list)
+    step_batches: list[int] = field(default_factory=list)  # crc32 of each update's sentence ids (rank 0)
     eval_history: list[dict] = field(default_factory=list)
 
     def to_dict(self) -> dict:
@@ -82,6 +84,12 @@ def train_update(model, optimizer, scheduler, micro_batches: list[dict], backend
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
     return backend.reduce_sum(loss_total).item() / max(global_tokens, 1.0)
+
+
+def batch_fingerprint(micro_batches: list[dict]) -> int:
+    """Which sentences an update saw, in order: resume tests compare these, step by step."""
+    ids = torch.cat([b["example_index"].cpu() for b in micro_batches]).numpy().astype(np.int64)
+    return zlib.crc32(ids.tobytes())
 
 
 def grouped(batches: Iterable[dict], size: int, device: torch.device) -> Iterator[list[dict]]:
@@ -178,6 +186,7 @@ def fit(model, optimizer, scheduler, train_loader, backend, state: TrainState, t
             state.global_step += 1
             state.batches_done += len(group)
             state.step_losses.append(loss)
+            state.step_batches.append(batch_fingerprint(group))
             hooks.on_update(state, loss, group)
             if num_epochs is None and state.global_step >= total_steps:
                 return state

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import platform
+import signal
 import time
 from pathlib import Path
 
@@ -25,6 +27,25 @@ def versions() -> dict:
 
     return {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
             "accelerate": accelerate.__version__, "seqeval": getattr(seqeval, "__version__", "unknown")}
+
+
+def inject_fault(global_step: int, rank: int) -> None:
+    """Testing aid: NER_FAULT_INJECT="kill:STEP[:RANK]" SIGKILLs, "hang:STEP[:RANK]" stalls forever.
+
+    Fires after the update (and any checkpoint) of STEP, on RANK (default: every rank), and only
+    in a job's first attempt, so a restarted job (torchrun --max-restarts) can recover.
+    """
+    spec = os.environ.get("NER_FAULT_INJECT")
+    if not spec or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+        return
+    action, step, *target = spec.split(":")
+    if int(step) != global_step or (target and int(target[0]) != rank):
+        return
+    log.warning("NER_FAULT_INJECT: %s at step %d on rank %d", action, global_step, rank)
+    if action == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    while action == "hang":
+        time.sleep(3600)
 
 
 def trainer_state(cfg, state: TrainState, data, world_size: int) -> dict:
@@ -73,6 +94,7 @@ class RunHooks:
             self.evaluate(state)
         if self.cfg.save_steps and state.global_step % self.cfg.save_steps == 0:
             self.save(state)
+        inject_fault(state.global_step, self.backend.process_index)
 
     def on_epoch_end(self, state: TrainState) -> None:
         if not self.cfg.eval_steps:

@@ -5,6 +5,7 @@
     python scripts/bench.py --sentences 3000 --out bench_out/ --ablations     # + one technique off at a time
     python scripts/bench.py --sentences 3000 --out bench_out/ --scaling       # + 1 proc x 2 threads vs 2 gloo x 1
     python scripts/bench.py --out bench_out/ --no-main --full-memory          # peak RSS with the full train set
+    python scripts/bench.py --sentences 3000 --out bench_out/ --threads 1     # steadier when the CPUs are shared
     python scripts/bench.py --sentences 200 --valid-sentences 100 --out /tmp/bench_smoke   # smoke test
 
 One process run trains one epoch over the first `--sentences` sentences of CoNLL-2003 train with the
@@ -778,6 +779,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--scaling", action="store_true", help="1 process x 2 threads vs 2 gloo processes x 1 thread")
     parser.add_argument("--full-memory", action="store_true", help="peak RSS with the full CoNLL train set")
     parser.add_argument("--full-memory-steps", type=int, default=50, help="updates of the --full-memory run")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="OMP_NUM_THREADS for every run (default 0: torch's default, one per core); "
+                             "1 keeps timings stable when other jobs share the CPUs")
     internal = parser.add_argument_group("internal (the baseline subprocess)")
     internal.add_argument("--run-baseline", action="store_true", help=argparse.SUPPRESS)
     internal.add_argument("--train-file", type=Path, help=argparse.SUPPRESS)
@@ -804,6 +808,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.run_baseline:
         return run_baseline(args)
+    if args.threads:
+        os.environ["OMP_NUM_THREADS"] = str(args.threads)  # before torch starts; inherited by every run
     import torch
 
     from ner.model import resolve_model_path

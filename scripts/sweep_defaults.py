@@ -53,11 +53,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--learning-rates", default="5e-5,1e-4,2e-4,4e-4")
     parser.add_argument("--epochs", default="3,5")
     parser.add_argument("--batch-sizes", default="16,32")
+    parser.add_argument("--datasets", default="sample,conll", help="which of sample, conll to run")
     parser.add_argument("--out", type=Path, default=Path("sweep.json"))
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="ner-sweep-"))
-    datasets = {"sample": (ROOT / "ner/sample_data/train.conll", ROOT / "ner/sample_data/valid.conll")}
-    if (args.conll_dir / "train.txt").is_file():
+    wanted = args.datasets.split(",")
+    datasets = {}
+    if "sample" in wanted:
+        datasets["sample"] = (ROOT / "ner/sample_data/train.conll", ROOT / "ner/sample_data/valid.conll")
+    if "conll" in wanted and (args.conll_dir / "train.txt").is_file():
         datasets[f"conll{args.conll_sentences}"] = (
             slice_conll(args.conll_dir / "train.txt", work / "train.conll", args.conll_sentences),
             slice_conll(args.conll_dir / "valid.txt", work / "valid.conll", 1000))

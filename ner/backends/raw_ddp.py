@@ -140,8 +140,13 @@ def _init(cfg, rank: int, local_rank: int, world_size: int) -> torch.device:
         device, backend = torch.device("cuda", local_rank), "nccl"
     else:
         device, backend = torch.device("cpu"), "gloo"
-    dist.init_process_group(backend=backend, rank=rank, world_size=world_size,
-                            timeout=timedelta(seconds=cfg.dist_timeout))
+    timeout = timedelta(seconds=cfg.dist_timeout)
+    store, _, _ = next(dist.rendezvous("env://", rank=rank, world_size=world_size, timeout=timeout))
+    # A torchrun restart can reuse the previous attempt's store, whose keys still hold the dead
+    # workers' addresses; a per-attempt prefix makes the new ones meet only each other.
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    dist.init_process_group(backend=backend, rank=rank, world_size=world_size, timeout=timeout,
+                            store=dist.PrefixStore(f"ner/attempt_{attempt}", store))
     return device
 
 

@@ -1,0 +1,141 @@
+"""Crash safety: SIGKILL then resume is bit-exact, a lost rank is restarted by torchrun, a hung
+rank is bounded by --dist-timeout, and checkpoints are verified, rotated and pickle-free."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import time
+
+import pytest
+import torch
+from conftest import python_module, read_state, run_cli, tiny_args
+from safetensors.torch import load_file
+
+from ner import checkpoint as ckpt
+
+KILL_STEP = 20  # epoch 1 (15 updates an epoch on 1 rank), in the middle of it
+
+
+def last_checkpoint(out_dir):
+    return ckpt.list_checkpoints(out_dir)[-1]
+
+
+def outcome(out_dir) -> dict:
+    last = last_checkpoint(out_dir)
+    state = read_state(last)["train_state"]
+    return {"losses": state["step_losses"], "batches": state["step_batches"], "step": state["global_step"],
+            "lr": torch.load(last / "scheduler.pt", weights_only=True)["_last_lr"],
+            "weights": load_file(last / "model" / "model.safetensors")}
+
+
+def assert_same_run(a: dict, b: dict) -> None:
+    assert a["step"] == b["step"]
+    assert a["batches"] == b["batches"]  # same batches, same order
+    assert a["losses"] == b["losses"]  # bit-exact, not approximately
+    assert a["lr"] == b["lr"]
+    assert all(torch.equal(a["weights"][k], b["weights"][k]) for k in a["weights"])
+
+
+@pytest.mark.parametrize("backend_flags", [[], ["--raw-ddp"]], ids=["accelerate", "raw-ddp"])
+def test_sigkill_mid_epoch_then_resume_is_bit_exact(tiny_bert, tiny_data, tmp_path, backend_flags):
+    args = ["--save-steps", "5", "--save-total-limit", "0", "--num-epochs", "3", *backend_flags]
+    reference = run_cli(python_module("ner.train", *tiny_args(tiny_bert, tiny_data, tmp_path / "ref", *args)))
+    assert reference.returncode == 0, reference.stderr[-2000:]
+
+    killed_dir = tmp_path / "killed"
+    command = python_module("ner.train", *tiny_args(tiny_bert, tiny_data, killed_dir, *args, "--resume", "auto"))
+    killed = run_cli(command, env={"NER_FAULT_INJECT": f"kill:{KILL_STEP}"})
+    assert killed.returncode == -9  # SIGKILL: no cleanup ran
+    assert not (killed_dir / "final").exists()
+    assert read_state(last_checkpoint(killed_dir))["train_state"]["epoch"] == 1
+    resumed = run_cli(command)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert f"resumed from {killed_dir / 'checkpoints' / f'step_{KILL_STEP}'}" in resumed.stderr
+    assert_same_run(outcome(killed_dir), outcome(tmp_path / "ref"))
+
+
+def torchrun(*args: str) -> list[str]:
+    return python_module("torch.distributed.run", "--standalone", "--nproc_per_node=2", *args)
+
+
+def test_torchrun_restarts_a_killed_rank_from_the_last_checkpoint(tiny_bert_no_dropout, tiny_data, tmp_path):
+    args = ["--raw-ddp", "--save-steps", "5", "--save-total-limit", "0", "--num-epochs", "3", "--no-eval",
+            "--dist-timeout", "60"]
+    reference = run_cli(python_module("ner.train", *tiny_args(tiny_bert_no_dropout, tiny_data, tmp_path / "ref",
+                                                              *args, "--nproc", "2")))
+    assert reference.returncode == 0, reference.stderr[-2000:]
+    job = torchrun("--max-restarts=1", "-m", "ner.train",
+                   *tiny_args(tiny_bert_no_dropout, tiny_data, tmp_path / "job", *args, "--resume", "auto"))
+    result = run_cli(job, env={"NER_FAULT_INJECT": f"kill:{KILL_STEP}:1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "NER_FAULT_INJECT: kill at step 20 on rank 1" in result.stderr
+    assert f"resumed from {tmp_path / 'job' / 'checkpoints' / f'step_{KILL_STEP}'}" in result.stderr
+    assert_same_run(outcome(tmp_path / "job"), outcome(tmp_path / "ref"))
+
+
+def test_a_hung_rank_is_bounded_by_dist_timeout(tiny_bert_no_dropout, tiny_data, tmp_path):
+    job = torchrun("--max-restarts=0", "-m", "ner.train",
+                   *tiny_args(tiny_bert_no_dropout, tiny_data, tmp_path / "job", "--raw-ddp", "--no-eval",
+                              "--dist-timeout", "5"))
+    start = time.monotonic()
+    result = run_cli(job, env={"NER_FAULT_INJECT": "hang:3:1"}, timeout=240)
+    assert result.returncode != 0
+    assert time.monotonic() - start < 120  # torch's default would wait 30 minutes
+    assert "NER_FAULT_INJECT: hang at step 3 on rank 1" in result.stderr
+    assert "timed out" in result.stderr.lower() or "timeout" in result.stderr.lower()
+
+
+# ----------------------------------------------------------------------------- checkpoint files
+
+
+@pytest.fixture(scope="module")
+def saved_run(tiny_bert, tiny_data, tmp_path_factory):
+    out = tmp_path_factory.mktemp("saved") / "run"
+    result = run_cli(python_module("ner.train", *tiny_args(tiny_bert, tiny_data, out, "--save-steps", "10",
+                                                           "--save-total-limit", "0", "--no-eval")))
+    assert result.returncode == 0, result.stderr[-2000:]
+    return out
+
+
+def test_checkpoint_files_load_with_weights_only_and_manifest_verifies(saved_run):
+    folder = last_checkpoint(saved_run)
+    assert ckpt.verify(folder) is None
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert set(manifest["files"]) >= {"model/model.safetensors", "model/config.json", "optimizer.pt",
+                                      "scheduler.pt", "rng_rank0.pt", "trainer_state.json"}
+    for pt in folder.glob("*.pt"):
+        torch.load(pt, weights_only=True)  # raises on any pickled object
+    state = read_state(folder)
+    assert {"torch", "transformers", "accelerate"} <= set(state["versions"])
+    assert state["config"]["learning_rate"] == 1e-3 and state["label_list"][0] == "O"
+
+
+@pytest.mark.parametrize("damage, problem", [
+    (lambda f: (f / "manifest.json").unlink(), "no manifest.json"),
+    (lambda f: (f / "optimizer.pt").write_bytes(b"x"), "optimizer.pt has 1 bytes"),
+    (lambda f: (f / "scheduler.pt").write_bytes(bytes(reversed((f / "scheduler.pt").read_bytes()))),
+     "scheduler.pt does not match its sha256"),
+    (lambda f: (f / "model" / "model.safetensors").unlink(), "model/model.safetensors is missing"),
+])
+def test_damaged_checkpoints_are_named_and_skipped_by_auto(saved_run, tmp_path, caplog, damage, problem):
+    out = tmp_path / "copy"
+    shutil.copytree(saved_run / "checkpoints", out / "checkpoints")
+    newest = last_checkpoint(out)
+    damage(newest)
+    assert problem in ckpt.verify(newest)
+    with caplog.at_level(logging.WARNING):
+        found = ckpt.find_resume_checkpoint(out)
+    assert found == ckpt.list_checkpoints(out)[-2]
+    assert str(newest) in caplog.text and problem in caplog.text
+
+
+def test_rotation_keeps_newest_complete_and_best_and_ignores_incomplete(saved_run, tmp_path):
+    out = tmp_path / "copy"
+    shutil.copytree(saved_run / "checkpoints", out / "checkpoints")
+    steps = [ckpt.step_of(p) for p in ckpt.list_checkpoints(out)]
+    assert steps == [10, 20, 30]
+    (out / "checkpoints" / "step_40").mkdir()  # a save in progress: no manifest yet
+    ckpt.rotate(out, keep_newest=1, best_step=10)
+    assert [p.name for p in ckpt.list_checkpoints(out)] == ["step_10", "step_30", "step_40"]

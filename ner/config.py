@@ -53,13 +53,17 @@ class TrainConfig:
                                choices=("foreach", "fused", "for-loop"))
     tokenization_cache: str = _opt("auto", "folder for cached tokenised data; auto: ~/.cache/ner; none: off")
     # optimisation
-    num_epochs: int = _opt(3, "passes over the training data (ignored when --max-steps > 0)")
+    num_epochs: int = _opt(
+        0, "passes over the training data; 0: auto, enough for ~1,500 updates, at least 3 and at most 10 "
+        "(ignored when --max-steps > 0)")
     max_steps: int = _opt(-1, "optimizer updates to run; -1: use --num-epochs")
-    batch_size: int = _opt(32, "sentences (windows) per device per micro-batch, an upper bound with --max-tokens")
+    batch_size: int = _opt(16, "sentences (windows) per device per micro-batch, an upper bound with --max-tokens")
     max_tokens: int = _opt(
         4096, "padded tokens per device per micro-batch (length-aware batching); 0: fixed --batch-size")
     gradient_accumulation_steps: int = _opt(1, "micro-batches per optimizer update")
-    learning_rate: float = _opt(5e-5, "peak learning rate after warmup")
+    learning_rate: float = _opt(
+        0.0, "peak learning rate after warmup; 0: auto, 2e-4 for encoders of hidden size <= 512 "
+        "(MiniLM-class), 5e-5 for larger (BERT-base and up)")
     warmup_ratio: float = _opt(0.1, "fraction of all updates spent warming up linearly from 0")
     weight_decay: float = _opt(0.01, "AdamW decoupled weight decay (not on biases and LayerNorm)")
     lr_scheduler: str = _opt("linear", "decay after warmup", choices=("linear", "cosine", "constant"))
@@ -96,10 +100,10 @@ class TrainConfig:
                 raise UserError(f"--{_flag(name)} must be zero or more (got {getattr(self, name)})")
         if not 0.0 <= self.warmup_ratio < 1.0:
             raise UserError(f"--warmup-ratio must be in [0, 1) (got {self.warmup_ratio})")
-        if self.learning_rate <= 0:
-            raise UserError(f"--learning-rate must be positive (got {self.learning_rate})")
-        if self.max_steps <= 0 and self.num_epochs <= 0:
-            raise UserError("set --num-epochs > 0 or --max-steps > 0")
+        if self.learning_rate < 0:
+            raise UserError(f"--learning-rate must be positive, or 0 for auto (got {self.learning_rate})")
+        if self.num_epochs < 0:
+            raise UserError(f"--num-epochs must be positive, or 0 for auto (got {self.num_epochs})")
         if self.max_seq_length < 8:
             raise UserError(f"--max-seq-length {self.max_seq_length} is too small: "
                             "a window needs [CLS], [SEP] and a few words (use 8 or more)")

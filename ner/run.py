@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import random
 import shutil
@@ -131,6 +132,30 @@ def claim_output_dir(cfg: TrainConfig, backend) -> None:
         out.mkdir(parents=True, exist_ok=True)
 
 
+AUTO_TARGET_UPDATES, AUTO_MIN_EPOCHS, AUTO_MAX_EPOCHS = 1500, 3, 10
+
+
+def auto_num_epochs(updates_per_epoch: int) -> int:
+    """Small data needs more passes to get enough updates; large data is done in 3 (README: Defaults)."""
+    return min(max(math.ceil(AUTO_TARGET_UPDATES / max(updates_per_epoch, 1)), AUTO_MIN_EPOCHS), AUTO_MAX_EPOCHS)
+
+
+def auto_learning_rate(hidden_size: int) -> float:
+    """Small encoders want a larger step (measured, README: Defaults); BERT-base and up the usual 5e-5."""
+    return 2e-4 if hidden_size <= 512 else 5e-5
+
+
+def resolve_auto(cfg: TrainConfig, model, sampler: TokenBudgetBatchSampler, world_size: int) -> None:
+    """Fill in 0 = auto hyperparameters, once, and say what was chosen."""
+    if cfg.learning_rate == 0:
+        cfg.learning_rate = auto_learning_rate(model.config.hidden_size)
+        log.info("--learning-rate auto: %g (hidden size %d)", cfg.learning_rate, model.config.hidden_size)
+    if cfg.num_epochs == 0 and cfg.max_steps <= 0:
+        per_epoch = updates_in_epoch(len(sampler.plan(0)) // world_size, cfg.gradient_accumulation_steps)
+        cfg.num_epochs = auto_num_epochs(per_epoch)
+        log.info("--num-epochs auto: %d (%d updates an epoch)", cfg.num_epochs, per_epoch)
+
+
 def plan_epochs(sampler: TokenBudgetBatchSampler, cfg: TrainConfig, world_size: int) -> tuple[int, int | None]:
     """(total updates, epoch limit): the schedule must know its length before the first step."""
     if cfg.max_steps > 0:
@@ -150,9 +175,10 @@ def run(cfg: TrainConfig, backend) -> dict:
     resume_from = ckpt.resolve_resume(cfg.resume, cfg.output_path)
     model = build_model(cfg.model, data.label_list, cfg.trust_remote_code, cfg.attn_implementation)
     model.to(backend.device)
-    optimizer = build_optimizer(model, cfg.learning_rate, cfg.weight_decay, cfg.optimizer_impl)
     sampler = TokenBudgetBatchSampler([len(f.input_ids) for f in data.train_features], cfg.batch_size,
                                       cfg.max_tokens, cfg.seed, shuffle=True, num_replicas=backend.num_processes)
+    resolve_auto(cfg, model, sampler, backend.num_processes)
+    optimizer = build_optimizer(model, cfg.learning_rate, cfg.weight_decay, cfg.optimizer_impl)
     # A private generator: creating a DataLoader iterator draws a seed from it, and drawing from
     # the global RNG instead would shift dropout masks after a mid-epoch resume.
     loader = DataLoader(data.train_features, batch_sampler=sampler, generator=torch.Generator(),

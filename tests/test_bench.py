@@ -99,7 +99,7 @@ def test_ratios_and_targets(bench):
 def test_render_report_has_every_section(bench):
     run = {"wall_s": 10.0, "cpu_s": 19.0, "loop_s": 8.0, "loop_real_tokens_per_s": 100.0, "padding_efficiency": 0.5,
            "steps": 3, "peak_rss_bytes": 1.5e9, "f1": 0.5, "mfu_computed": 0.1, "mfu_real": 0.05, "precision": "bf16"}
-    report = {"device": "cpu", "torch": "x", "threads": 2, "peak": {"fp32_flops_per_s": 2e11},
+    report = {"device": "cpu", "torch": "x", "threads": 2, "peak": {"fp32_flops_per_s": 2e11, "bf16_flops_per_s": 1e12},
               "main": {"train_sentences": 5, "valid_sentences": 3, "runs": {"baseline": run, "ours (default)": run},
                        "ratios": bench.ratio_rows(run, run), "settings": [["seed", "42", "42"]]},
               "ablations": {"default, warm tokenisation cache": run},
@@ -110,7 +110,7 @@ def test_render_report_has_every_section(bench):
                     "## Inference", "## Scaling", "## Full train set", "NOTE"):
         assert heading in text
     assert "| baseline | 10.0 | 19.0 | 8.0 | 100 |" in text
-    assert "| fp32 | 0.20 |" in text
+    assert "| fp32 | 0.20 | 0.00 |" in text and "| bf16 | 1.00 | 0.00 |" in text
     assert "Warning" not in text
 
 

@@ -36,7 +36,7 @@ STATE = "trainer_state.json"
 # Options that may differ on resume: they change where output goes or how often, not the math.
 RESUME_MAY_CHANGE = {"output_dir", "resume", "quiet", "logging_steps", "eval_steps", "save_steps",
                      "save_total_limit", "overwrite_output_dir", "backend", "nproc", "dist_timeout",
-                     "no_eval", "validation_file", "test_file", "max_steps", "num_epochs"}
+                     "no_eval", "validation_file", "test_file", "max_steps", "num_epochs", "report_to"}
 
 
 def checkpoint_root(output_dir: Path) -> Path:

@@ -82,6 +82,8 @@ class TrainConfig:
     save_total_limit: int = _opt(2, "newest checkpoints kept (the best one is always kept too); 0: keep all")
     resume: str | None = _opt(None, "`auto` (newest complete checkpoint in --output-dir) or a checkpoint folder")
     quiet: bool = _opt(False, "no progress bars")
+    report_to: str = _opt("none", "also log to this tracker through Accelerate (metrics.jsonl is always written)",
+                          choices=("none", "tensorboard"))
     # distribution (which code path; the hardware itself comes from the launcher)
     backend: str = _opt("accelerate", "training backend (--raw-ddp / --data-parallel are shortcuts)",
                         choices=BACKENDS)

@@ -29,6 +29,18 @@ def versions() -> dict:
             "accelerate": accelerate.__version__, "seqeval": getattr(seqeval, "__version__", "unknown")}
 
 
+def flatten_record(record: dict) -> dict:
+    """{"eval": {"f1": .., "per_type": {"PER": {"f1": ..}}}} -> {"eval/f1": .., "eval/PER/f1": ..} for trackers."""
+    flat = {}
+    for key, value in record.items():
+        if isinstance(value, dict):
+            for sub_key, sub_value in flatten_record(value).items():
+                flat[f"{key}/{sub_key}".replace("per_type/", "")] = sub_value
+        elif isinstance(value, (int, float)) and key not in ("step", "time"):
+            flat[key] = value
+    return flat
+
+
 def inject_fault(global_step: int, rank: int) -> None:
     """Testing aid: NER_FAULT_INJECT="kill:STEP[:RANK]" SIGKILLs, "hang:STEP[:RANK]" stalls forever.
 
@@ -69,6 +81,7 @@ class RunHooks:
         self.state = state
 
     def _write(self, record: dict) -> None:
+        self.backend.log_metrics(flatten_record(record), step=record["step"])
         if self.is_main:
             with open(self.metrics_path, "a", encoding="utf-8") as handle:
                 handle.write(json.dumps({"time": round(time.time(), 3), **record}) + "\n")

@@ -194,6 +194,9 @@ def run(cfg: TrainConfig, backend) -> dict:
         log.info("resumed from %s (step %d, epoch %d, batch %d)", resume_from, state.global_step, state.epoch,
                  state.batches_done)
     claim_output_dir(cfg, backend)
+    if cfg.report_to != "none" and cfg.backend != "accelerate":
+        log.warning("--report-to %s works through Accelerate's trackers; with --%s only metrics.jsonl is written",
+                    cfg.report_to, cfg.backend)
     hooks = RunHooks(cfg, backend, model, optimizer, scheduler, data, state, total_steps)
     fit(model, optimizer, scheduler, loader, backend, state, total_steps, num_epochs,
         cfg.gradient_accumulation_steps, cfg.max_grad_norm, hooks)

@@ -67,5 +67,8 @@ class DataParallelBackend:
     def unwrap_model(self, model):
         return model.module if isinstance(model, DataParallel) else model
 
+    def log_metrics(self, values: dict, step: int) -> None:
+        pass  # trackers come with Accelerate; metrics.jsonl has the same numbers
+
     def wait_for_everyone(self) -> None:
         pass

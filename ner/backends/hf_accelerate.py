@@ -11,7 +11,7 @@ from datetime import timedelta
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import InitProcessGroupKwargs, gather_object
+from accelerate.utils import InitProcessGroupKwargs, gather_object, is_tensorboard_available
 
 from ner.backends import resolve_precision
 from ner.errors import UserError
@@ -25,12 +25,18 @@ class AccelerateBackend:
         if precision == "auto":
             device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
             precision = resolve_precision("auto", device)
+        tracker = None if cfg.report_to == "none" else cfg.report_to
+        if tracker == "tensorboard" and not is_tensorboard_available():
+            raise UserError("--report-to tensorboard: tensorboard is not installed (pip install tensorboard), "
+                            "or drop the flag: metrics.jsonl has the same numbers")
         try:
             # cpu=True on machines without an accelerator: Accelerate only treats a multi-process
             # launch as MULTI_CPU (gloo) when told the job is CPU-only.
             self.accelerator = Accelerator(
                 cpu=not torch.accelerator.is_available(),
                 mixed_precision=precision,
+                log_with=tracker,
+                project_dir=cfg.output_dir,
                 kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=cfg.dist_timeout))])
         except ValueError as exc:
             raise UserError(f"--mixed-precision {precision}: {exc}") from None
@@ -39,6 +45,8 @@ class AccelerateBackend:
         self.process_index = self.accelerator.process_index
         self.mixed_precision = self.accelerator.mixed_precision
         self._batch_sampler = None
+        self._tracking = tracker is not None
+        self._config = cfg.to_dict()
 
     @property
     def is_main_process(self) -> bool:
@@ -79,6 +87,13 @@ class AccelerateBackend:
 
     def wait_for_everyone(self) -> None:
         self.accelerator.wait_for_everyone()
+
+    def log_metrics(self, values: dict, step: int) -> None:
+        if self._tracking:
+            if not self.accelerator.trackers:  # after the output folder exists and holds no other run
+                config = {k: v if isinstance(v, (int, float, str, bool)) else str(v) for k, v in self._config.items()}
+                self.accelerator.init_trackers("tensorboard", config=config)
+            self.accelerator.log(values, step=step)
 
     def end(self) -> None:
         self.accelerator.end_training()

@@ -121,6 +121,9 @@ class RawDDPBackend:
     def unwrap_model(self, model):
         return model.module if isinstance(model, DistributedDataParallel) else model
 
+    def log_metrics(self, values: dict, step: int) -> None:
+        pass  # trackers come with Accelerate; metrics.jsonl has the same numbers
+
     def wait_for_everyone(self) -> None:
         dist.barrier()
 

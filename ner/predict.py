@@ -15,12 +15,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import torch
 from seqeval.metrics import classification_report
 from seqeval.metrics.sequence_labeling import get_entities
+from tqdm.auto import tqdm
 
 from ner.backends import autocast_for, default_device, resolve_precision
 from ner.batching import inference_batches
@@ -115,6 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-tokens", type=int, default=8192, help="padded tokens per batch (default: 8192)")
     parser.add_argument("--mixed-precision", choices=("auto", "no", "bf16"), default="auto",
                         help="autocast dtype (default: auto, bf16 where supported)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
     return parser
 
 
@@ -125,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
         examples = read_input(args)
         if args.conll:
             check_known_labels(examples, tagger.label2id)
-        tags, probs = tagger.tag(examples, args.batch_size, args.max_tokens)
+        progress = partial(tqdm, disable=args.quiet, file=sys.stderr, dynamic_ncols=True)
+        tags, probs = tagger.tag(examples, args.batch_size, args.max_tokens, progress)
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return USAGE_EXIT_CODE

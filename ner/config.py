@@ -49,7 +49,7 @@ class TrainConfig:
     trust_remote_code: bool = _opt(False, "allow model repositories to run their own Python code")
     attn_implementation: str = _opt("sdpa", "attention kernel: sdpa (fused) or eager (reference)",
                                     choices=("sdpa", "eager"))
-    optimizer_impl: str = _opt("foreach", "AdamW implementation: foreach (multi-tensor), fused, or for-loop",
+    optimizer_impl: str = _opt("fused", "AdamW implementation: fused (one kernel), foreach (multi-tensor) or for-loop",
                                choices=("foreach", "fused", "for-loop"))
     tokenization_cache: str = _opt("auto", "folder for cached tokenised data; auto: ~/.cache/ner; none: off")
     # optimisation

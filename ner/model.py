@@ -57,7 +57,7 @@ def build_model(name: str, label_list: list[str], trust_remote_code: bool = Fals
 
 
 def build_optimizer(model: torch.nn.Module, learning_rate: float, weight_decay: float,
-                    implementation: str = "foreach") -> torch.optim.Optimizer:
+                    implementation: str = "fused") -> torch.optim.Optimizer:
     """AdamW; biases and LayerNorm weights are not decayed (decay there only hurts)."""
     decay, no_decay = [], []
     for name, param in model.named_parameters():

@@ -239,7 +239,10 @@ def render_report(report: dict) -> str:
     if "inference" in report:
         parts += ["## Inference, sentences/s", inference_table(report["inference"])]
     if "scaling" in report:
-        parts += ["## Scaling on this machine", main_table(report["scaling"])]
+        parts += ["## Scaling on this machine", main_table(report["scaling"]),
+                  "Both with the same explicit `--mixed-precision` (accelerate_configs/cpu_ddp.yaml says \"no\", "
+                  "which `auto` would follow). Two ranks take one micro-batch each per update, so the 2-process "
+                  "run makes half the updates (global batch 2x): its F1 is not a like-for-like comparison."]
     if "full_memory" in report:
         parts += ["## Full train set, memory", main_table({"full train set": report["full_memory"]}),
                   report["full_memory"].get("note", "")]
@@ -808,7 +811,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", default="sentence-transformers/all-MiniLM-L6-v2", help="encoder (packaged MiniLM)")
     parser.add_argument("--no-main", action="store_true", help="skip baseline vs default; reuse OUT's earlier run")
     parser.add_argument("--inference", action="store_true", help="sentences/s of evaluation and ner.predict")
-    parser.add_argument("--ablations", action="store_true", help="run the default again, one technique off at a time")
+    parser.add_argument("--ablations", action="store_true", help="rerun the default, one setting changed each time")
     parser.add_argument("--scaling", action="store_true", help="1 process x 2 threads vs 2 gloo processes x 1 thread")
     parser.add_argument("--full-memory", action="store_true", help="peak RSS with the full CoNLL train set")
     parser.add_argument("--full-memory-steps", type=int, default=0,

@@ -20,8 +20,9 @@ from ner.errors import UserError
 class AccelerateBackend:
     def __init__(self, cfg) -> None:
         precision = cfg.mixed_precision
-        if precision == "auto":  # the launch config's choice wins, else what the device supports
-            precision = os.environ.get("ACCELERATE_MIXED_PRECISION") or "auto"
+        if precision == "auto":  # a launch config asking for bf16/fp16 wins, else what the device supports
+            from_config = os.environ.get("ACCELERATE_MIXED_PRECISION", "no")
+            precision = from_config if from_config in ("bf16", "fp16") else "auto"
         if precision == "auto":
             device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
             precision = resolve_precision("auto", device)

@@ -10,7 +10,6 @@ import signal
 import time
 from pathlib import Path
 
-import torch
 from tqdm.auto import tqdm
 
 from ner import checkpoint as ckpt
@@ -21,12 +20,16 @@ log = logging.getLogger("ner")
 
 
 def versions() -> dict:
-    import accelerate
-    import seqeval
-    import transformers
+    """Library versions for the checkpoint, read from package metadata (no imports needed)."""
+    from importlib.metadata import PackageNotFoundError, version
 
-    return {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
-            "accelerate": accelerate.__version__, "seqeval": getattr(seqeval, "__version__", "unknown")}
+    found = {"python": platform.python_version()}
+    for package in ("torch", "transformers", "accelerate", "seqeval", "datasets"):
+        try:
+            found[package] = version(package)
+        except PackageNotFoundError:
+            found[package] = "not installed"
+    return found
 
 
 def flatten_record(record: dict) -> dict:

@@ -34,6 +34,7 @@ class TokenBudgetBatchSampler:
         self.num_replicas = num_replicas
         self.epoch = 0
         self.skip_batches = 0
+        self._cached: tuple[int, list[list[int]]] | None = None  # len() and iter() ask for the same plan
 
     def set_epoch(self, epoch: int, skip_batches: int | None = None) -> None:
         """Skip `skip_batches` of the epoch's plan (resume). Without it, a repeated call for the
@@ -45,6 +46,11 @@ class TokenBudgetBatchSampler:
         self.skip_batches = skip_batches
 
     def plan(self, epoch: int) -> list[list[int]]:
+        if self._cached is None or self._cached[0] != epoch:
+            self._cached = (epoch, self._build_plan(epoch))
+        return self._cached[1]
+
+    def _build_plan(self, epoch: int) -> list[list[int]]:
         rng = np.random.default_rng([self.seed, epoch])
         order = rng.permutation(len(self.lengths)) if self.shuffle else np.arange(len(self.lengths))
         if self.max_tokens > 0:

@@ -21,11 +21,10 @@ from pathlib import Path
 
 from seqeval.metrics import classification_report
 from seqeval.metrics.sequence_labeling import get_entities
-from seqeval.scheme import IOBES
 
 from ner.data import Example, check_known_labels, read_conll
 from ner.errors import USAGE_EXIT_CODE, UserError
-from ner.metrics import entity_scores
+from ner.metrics import entity_scores, seqeval_kwargs
 
 Span = tuple[str, int, int]  # (type, first word, last word), as seqeval's get_entities
 
@@ -53,10 +52,6 @@ class Row:
 def scheme_of(label2id: dict[str, int]) -> str:
     """IOBES models are scored strictly; IOB1/IOB2 with seqeval's default (conlleval) mode."""
     return "iobes" if any(label[:2] in ("E-", "S-") for label in label2id) else "iob2"
-
-
-def seqeval_kwargs(scheme: str) -> dict:
-    return {"mode": "strict", "scheme": IOBES} if scheme == "iobes" else {}
 
 
 def side_by_side(gold: list[str], predicted: list[str]) -> list[Row]:

@@ -6,14 +6,18 @@ from seqeval.metrics import classification_report
 from seqeval.scheme import IOBES
 
 
+def seqeval_kwargs(scheme: str) -> dict:
+    """IOBES is scored strictly: seqeval's default (conlleval) mode misreads E-/S- boundaries."""
+    return {"mode": "strict", "scheme": IOBES} if scheme == "iobes" else {}
+
+
 def entity_scores(gold: list[list[str]], predicted: list[list[str]], scheme: str = "iob2") -> dict:
     """{"precision", "recall", "f1", "support", "per_type": {TYPE: {...}}}, micro-averaged overall.
 
     IOB1/IOB2 use seqeval's default (conlleval-compatible) mode; IOBES is scored strictly,
     since the default mode does not understand E-/S- boundaries the same way.
     """
-    kwargs = {"mode": "strict", "scheme": IOBES} if scheme == "iobes" else {}
-    report = classification_report(gold, predicted, output_dict=True, zero_division=0, **kwargs)
+    report = classification_report(gold, predicted, output_dict=True, zero_division=0, **seqeval_kwargs(scheme))
     per_type = {name: _row(row) for name, row in report.items() if not name.endswith(" avg")}
     overall = _row(report.get("micro avg", {"precision": 0.0, "recall": 0.0, "f1-score": 0.0, "support": 0}))
     return {**overall, "per_type": per_type}

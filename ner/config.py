@@ -75,7 +75,7 @@ class TrainConfig:
         choices=("auto", "no", "bf16", "fp16"))
     # evaluation, logging, saving
     eval_steps: int = _opt(0, "evaluate every N updates; 0: at the end of each epoch")
-    save_steps: int = _opt(0, "checkpoint every N updates; 0: at the end of each epoch")
+    save_steps: int = _opt(0, "checkpoint every N updates too; epoch ends and new best models are always saved")
     no_eval: bool = _opt(False, "skip validation during training")
     logging_steps: int = _opt(10, "log loss and learning rate every N updates")
     output_dir: str = _opt("runs/ner", "where checkpoints, the final export and metrics go")

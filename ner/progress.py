@@ -115,8 +115,7 @@ class RunHooks:
     def on_epoch_end(self, state: TrainState) -> None:
         if not self.cfg.eval_steps:
             self.evaluate(state)
-        if not self.cfg.save_steps:
-            self.save(state)
+        self.save(state)  # every epoch end, whatever --save-steps says (a no-op if this step is saved)
 
     def evaluate(self, state: TrainState) -> dict | None:
         eval_set = self.data.eval_sets.get("validation")

@@ -77,7 +77,8 @@ def test_learning_rate_after_n_steps_is_identical_across_backends(tiny_bert, tin
 def test_learning_rate_follows_the_schedule_once_per_update(tiny_bert, tiny_data, tmp_path):
     """A scheduler stepped once per process per update would run ahead; ours is exact."""
     args = tiny_args(tiny_bert, tiny_data, tmp_path / "a", "--gradient-accumulation-steps", "4",
-                     "--max-steps", "10", "--warmup-ratio", "0.2", "--no-eval", "--save-steps", "6")
+                     "--max-steps", "10", "--warmup-ratio", "0.2", "--no-eval", "--save-steps", "6",
+                     "--save-total-limit", "0")
     train(args)
     step6 = torch.load(tmp_path / "a" / "checkpoints" / "step_6" / "scheduler.pt", weights_only=True)
     assert step6["_last_lr"][0] == pytest.approx(1e-3 * (10 - 6) / (10 - 2))

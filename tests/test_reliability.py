@@ -135,7 +135,7 @@ def test_rotation_keeps_newest_complete_and_best_and_ignores_incomplete(saved_ru
     out = tmp_path / "copy"
     shutil.copytree(saved_run / "checkpoints", out / "checkpoints")
     steps = [ckpt.step_of(p) for p in ckpt.list_checkpoints(out)]
-    assert steps == [10, 20, 30]
+    assert steps == [10, 15, 20, 30]  # every 10 updates and at each epoch's end (15 updates an epoch)
     (out / "checkpoints" / "step_40").mkdir()  # a save in progress: no manifest yet
     ckpt.rotate(out, keep_newest=1, best_step=10)
     assert [p.name for p in ckpt.list_checkpoints(out)] == ["step_10", "step_30", "step_40"]

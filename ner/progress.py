@@ -13,8 +13,8 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from ner import checkpoint as ckpt
-from ner.loop import Throughput, TrainState, evaluate
-from ner.metrics import format_scores
+from ner.loop import Throughput, TrainState, predict_tags
+from ner.metrics import entity_scores, format_scores
 
 log = logging.getLogger("ner")
 
@@ -82,6 +82,7 @@ class RunHooks:
         self.losses_since_log: list[float] = []
         self.last_saved: tuple[int, Path] | None = None
         self.state = state
+        self.best_predictions: list[list[str]] | None = None
 
     def _write(self, record: dict) -> None:
         self.backend.log_metrics(flatten_record(record), step=record["step"])
@@ -121,14 +122,16 @@ class RunHooks:
         eval_set = self.data.eval_sets.get("validation")
         if eval_set is None or self.cfg.no_eval:
             return None
-        scores = evaluate(self.model, eval_set, self.backend, self.data.tokenizer.pad_token_id,
-                          dict(enumerate(self.data.label_list)), self.data.splits.scheme, self._progress)
+        predicted = predict_tags(self.model, eval_set, self.backend, self.data.tokenizer.pad_token_id,
+                                 dict(enumerate(self.data.label_list)), self._progress)
+        scores = entity_scores([e.tags for e in eval_set.examples], predicted, self.data.splits.scheme)
         state.eval_history.append({"step": state.global_step, "epoch": state.epoch, "scores": scores})
         self._write({"step": state.global_step, "epoch": state.epoch, "eval": scores})
         if self.is_main:
             self.bar.write(f"step {state.global_step} validation {format_scores(scores)}")
         if state.best_f1 is None or scores["f1"] > state.best_f1:
             state.best_f1, state.best_step = scores["f1"], state.global_step
+            self.best_predictions = predicted  # the export's validation predictions, without a second pass
             self.save(state)  # the best model must exist on disk whatever --save-steps says
         return scores
 

@@ -212,13 +212,15 @@ def run(cfg: TrainConfig, backend) -> dict:
     return finish(cfg, backend, model, data, state, hooks)
 
 
-def write_validation_predictions(cfg: TrainConfig, backend, model, data: Prepared) -> None:
+def write_validation_predictions(cfg: TrainConfig, backend, model, data: Prepared, hooks: RunHooks) -> None:
     """word / gold / predicted per line, for the confusion matrix and for people to grep."""
     validation = data.eval_sets.get("validation")
     if validation is None or cfg.no_eval:
         return
-    predicted = predict_tags(model, validation, backend, data.tokenizer.pad_token_id,
-                             dict(enumerate(data.label_list)))
+    predicted = hooks.best_predictions
+    if predicted is None:  # the best evaluation happened before a resume: predict with the loaded best model
+        predicted = predict_tags(model, validation, backend, data.tokenizer.pad_token_id,
+                                 dict(enumerate(data.label_list)))
     if backend.is_main_process:
         write_predictions(cfg.output_path / "predictions" / "validation.conll",
                           [e.words for e in validation.examples], [e.tags for e in validation.examples], predicted)
@@ -241,7 +243,7 @@ def finish(cfg: TrainConfig, backend, model, data: Prepared, state: TrainState, 
                           dict(enumerate(data.label_list)), data.splits.scheme)
         metrics["test"] = scores
         log.info("test: %s", format_scores(scores))
-    write_validation_predictions(cfg, backend, model, data)
+    write_validation_predictions(cfg, backend, model, data, hooks)
     if backend.is_main_process:
         export_checkpoint(source, cfg.output_path / "final", metrics)
         log.info("exported %s", cfg.output_path / "final")

@@ -58,7 +58,7 @@ class TrainConfig:
         0, "passes over the training data; 0: auto, enough for ~1,500 updates, at least 3 and at most 10 "
         "(ignored when --max-steps > 0)")
     max_steps: int = _opt(-1, "optimizer updates to run; -1: use --num-epochs")
-    batch_size: int = _opt(16, "sentences (windows) per device per micro-batch, an upper bound with --max-tokens")
+    batch_size: int = _opt(32, "sentences (windows) per device per micro-batch, an upper bound with --max-tokens")
     max_tokens: int = _opt(
         4096, "padded tokens per device per micro-batch (length-aware batching); 0: fixed --batch-size")
     gradient_accumulation_steps: int = _opt(1, "micro-batches per optimizer update")

@@ -53,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--learning-rates", default="5e-5,1e-4,2e-4,4e-4")
     parser.add_argument("--epochs", default="3,5")
     parser.add_argument("--batch-sizes", default="16,32")
+    parser.add_argument("--seeds", default="42", help="one run per seed (noise check)")
     parser.add_argument("--datasets", default="sample,conll", help="which of sample, conll to run")
     parser.add_argument("--out", type=Path, default=Path("sweep.json"))
     args = parser.parse_args(argv)
@@ -66,18 +67,18 @@ def main(argv: list[str] | None = None) -> int:
             slice_conll(args.conll_dir / "train.txt", work / "train.conll", args.conll_sentences),
             slice_conll(args.conll_dir / "valid.txt", work / "valid.conll", 1000))
     grid = list(itertools.product(args.learning_rates.split(","), args.epochs.split(","),
-                                  args.batch_sizes.split(",")))
+                                  args.batch_sizes.split(","), args.seeds.split(",")))
     results = []
     for name, (train, valid) in datasets.items():
-        for lr, epochs, batch in grid:
-            options = {"learning_rate": lr, "num_epochs": epochs, "batch_size": batch}
+        for lr, epochs, batch, seed in grid:
+            options = {"learning_rate": lr, "num_epochs": epochs, "batch_size": batch, "seed": seed}
             result = {"dataset": name, **options, **train_once(train, valid, options, work)}
             results.append(result)
             print(json.dumps(result), flush=True)
             args.out.write_text(json.dumps(results, indent=2) + "\n")
-    print("| dataset | lr | epochs | batch | val F1 | steps | seconds |\n|---|---|---|---|---:|---:|---:|")
+    print("| dataset | lr | epochs | batch | seed | val F1 | steps | seconds |\n|---|---|---|---|---|---:|---:|---:|")
     for r in results:
-        print(f"| {r['dataset']} | {r['learning_rate']} | {r['num_epochs']} | {r['batch_size']} | "
+        print(f"| {r['dataset']} | {r['learning_rate']} | {r['num_epochs']} | {r['batch_size']} | {r['seed']} | "
               f"{r['f1'] * 100:.2f} | {r['steps']} | {r['seconds']:.0f} |")
     return 0
 

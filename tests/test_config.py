@@ -75,6 +75,7 @@ def test_auto_defaults_follow_the_measured_rules():
     assert auto_num_epochs(29) == 10  # the shipped sample: ~29 updates an epoch
     assert auto_num_epochs(300) == 5
     assert auto_num_epochs(880) == 3  # CoNLL-2003 train at 16 sentences a batch
+    assert auto_num_epochs(439) == 4  # ... and at 32, the default
     assert auto_learning_rate(384) == 2e-4 and auto_learning_rate(768) == 5e-5
 
 

@@ -19,6 +19,7 @@ import yaml
 from ner.errors import UserError
 
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+PAD_TO_MULTIPLE_OF = 4  # batch widths; measured on CPU (README: Performance)
 BACKENDS = ("accelerate", "raw-ddp", "data-parallel")
 
 
@@ -61,6 +62,9 @@ class TrainConfig:
     batch_size: int = _opt(32, "sentences (windows) per device per micro-batch, an upper bound with --max-tokens")
     max_tokens: int = _opt(
         4096, "padded tokens per device per micro-batch (length-aware batching); 0: fixed --batch-size")
+    pad_to_multiple_of: int = _opt(
+        PAD_TO_MULTIPLE_OF, "round each batch's padded length up to a multiple of this: fewer distinct "
+        "shapes for the kernel caches, so less memory and warm-up (README: Performance); 1: longest row only")
     gradient_accumulation_steps: int = _opt(1, "micro-batches per optimizer update")
     learning_rate: float = _opt(
         0.0, "peak learning rate after warmup; 0: auto, 2e-4 for encoders of hidden size <= 512 "
@@ -92,7 +96,7 @@ class TrainConfig:
     dist_timeout: float = _opt(600.0, "seconds a collective may wait for a lost rank before failing")
 
     def validate(self) -> TrainConfig:
-        positive = ("batch_size", "gradient_accumulation_steps", "max_seq_length")
+        positive = ("batch_size", "gradient_accumulation_steps", "max_seq_length", "pad_to_multiple_of")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise UserError(f"--{_flag(name)} must be positive (got {getattr(self, name)})")

@@ -111,8 +111,15 @@ def _continuation_labels(label2id: dict[str, int]) -> dict[int, int]:
     return mapping
 
 
-def collate(features: list[Feature], pad_token_id: int) -> dict[str, torch.Tensor]:
-    longest = max(len(f.input_ids) for f in features)
+def padded_length(length: int, multiple: int) -> int:
+    """`length` rounded up to a multiple of `multiple` (1: unchanged)."""
+    return -(-length // multiple) * multiple
+
+
+def collate(features: list[Feature], pad_token_id: int, pad_to_multiple_of: int = 1) -> dict[str, torch.Tensor]:
+    # Rounding the width keeps the number of distinct batch shapes small: CPU kernels (oneDNN) are
+    # built and cached per shape, which costs time and memory for every new one (README: Performance).
+    longest = padded_length(max(len(f.input_ids) for f in features), pad_to_multiple_of)
     shape = (len(features), longest)
     input_ids = np.full(shape, pad_token_id, dtype=np.int64)
     labels = np.full(shape, IGNORE_INDEX, dtype=np.int64)

@@ -52,6 +52,7 @@ class EvalSet:
     examples: list[Example]
     features: list[Feature]
     batches: list[list[int]]  # length-sorted, each sentence's windows in exactly one batch
+    pad_to_multiple_of: int = 1
 
 
 def token_loss_sum(model, batch: dict, backend) -> tuple[torch.Tensor, torch.Tensor]:
@@ -106,12 +107,12 @@ def grouped(batches: Iterable[dict], size: int, device: torch.device) -> Iterato
 
 @torch.no_grad()
 def predict_word_labels(model, features: list[Feature], batches: list[list[int]], device: torch.device,
-                        autocast: Callable, pad_token_id: int,
-                        progress: Callable = lambda it, **kw: it) -> tuple[np.ndarray, ...]:
+                        autocast: Callable, pad_token_id: int, progress: Callable = lambda it, **kw: it,
+                        pad_to_multiple_of: int = 1) -> tuple[np.ndarray, ...]:
     """(sentence, word, label id, probability) for every word the given batches own, flat arrays."""
     parts = []
     for indices in progress(batches, desc="predict", leave=False):
-        batch = collate([features[i] for i in indices], pad_token_id)
+        batch = collate([features[i] for i in indices], pad_token_id, pad_to_multiple_of)
         with autocast():
             logits = model(**{k: batch[k].to(device) for k in MODEL_INPUTS}).logits
         probabilities, predicted = torch.softmax(logits.float(), dim=-1).max(dim=-1)
@@ -132,7 +133,7 @@ def predict_tags(model, eval_set: EvalSet, backend, pad_token_id: int, id2label:
     bare.eval()
     my_batches = eval_set.batches[backend.process_index::backend.num_processes]
     mine = predict_word_labels(bare, eval_set.features, my_batches, backend.device, backend.autocast,
-                               pad_token_id, progress)
+                               pad_token_id, progress, eval_set.pad_to_multiple_of)
     bare.train(was_training)
     gathered = backend.gather_object(mine[:3])  # every sentence's words live in exactly one shard
     flat = [np.concatenate([part[k] for part in gathered]) for k in range(3)]

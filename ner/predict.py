@@ -26,8 +26,9 @@ from tqdm.auto import tqdm
 
 from ner.backends import autocast_for, default_device, resolve_precision
 from ner.batching import inference_batches
+from ner.config import PAD_TO_MULTIPLE_OF
 from ner.data import Example, check_known_labels, read_conll
-from ner.encode import encode_examples, merge_predictions
+from ner.encode import encode_examples, merge_predictions, padded_length
 from ner.errors import USAGE_EXIT_CODE, UserError
 from ner.loop import predict_word_labels
 
@@ -36,7 +37,7 @@ class Tagger:
     """An exported model folder, ready to tag lists of words."""
 
     def __init__(self, model_dir: str | Path, device: str | None = None, precision: str = "auto",
-                 max_seq_length: int = 128) -> None:
+                 max_seq_length: int = 128, pad_to_multiple_of: int = PAD_TO_MULTIPLE_OF) -> None:
         import transformers
         from transformers import AutoModelForTokenClassification, AutoTokenizer
 
@@ -52,16 +53,18 @@ class Tagger:
         self.id2label = {int(k): v for k, v in self.model.config.id2label.items()}
         self.label2id = {v: k for k, v in self.id2label.items()}
         self.max_seq_length = max_seq_length
+        self.pad_to_multiple_of = pad_to_multiple_of
 
     def tag(self, examples: list[Example], max_sentences: int = 64, max_tokens: int = 8192,
             progress=lambda it, **kw: it) -> tuple[list[list[str]], list[np.ndarray]]:
         """(tags, per-word probabilities) for each example, batched by length."""
         placeholder = {label: 0 for label in {t for e in examples for t in e.tags}}  # gold tags are not needed
         features = encode_examples(examples, self.tokenizer, placeholder, self.max_seq_length)
-        batches = inference_batches([len(f.input_ids) for f in features], max_sentences, max_tokens)
+        widths = [padded_length(len(f.input_ids), self.pad_to_multiple_of) for f in features]
+        batches = inference_batches(widths, max_sentences, max_tokens)
         sentence_ids, word_ids, label_ids, probs = predict_word_labels(
             self.model, features, batches, self.device, lambda: autocast_for(self.device, self.precision),
-            self.tokenizer.pad_token_id, progress)
+            self.tokenizer.pad_token_id, progress, self.pad_to_multiple_of)
         tags = merge_predictions(examples, sentence_ids, word_ids, label_ids, self.id2label)
         offsets = np.cumsum([0] + [len(e.words) for e in examples])
         flat_probs = np.zeros(offsets[-1], dtype=np.float32)

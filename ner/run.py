@@ -23,7 +23,7 @@ from ner import checkpoint as ckpt
 from ner.batching import TokenBudgetBatchSampler, inference_batches
 from ner.config import TrainConfig
 from ner.data import SAMPLE_DIR, Splits, build_label_list, check_known_labels, load_splits
-from ner.encode import cached_encode, collate
+from ner.encode import cached_encode, collate, padded_length
 from ner.errors import UserError
 from ner.export import export_checkpoint
 from ner.loop import EvalSet, TrainState, evaluate, fit, predict_tags, updates_in_epoch
@@ -106,8 +106,9 @@ def prepare_data(cfg: TrainConfig) -> Prepared:
     for name, examples in (("validation", splits.validation), ("test", splits.test)):
         if examples is not None:
             features = encode(examples)
-            batches = inference_batches([len(f.input_ids) for f in features], cfg.batch_size * 2, cfg.max_tokens * 2)
-            eval_sets[name] = EvalSet(examples, features, batches)
+            batches = inference_batches(padded_lengths(features, cfg.pad_to_multiple_of), cfg.batch_size * 2,
+                                        cfg.max_tokens * 2)
+            eval_sets[name] = EvalSet(examples, features, batches, cfg.pad_to_multiple_of)
     log.info("data: %d train sentences, tag scheme %s, %d labels: %s", len(splits.train), splits.scheme,
              len(label_list), " ".join(label_list))
     return Prepared(splits, label_list, tokenizer, encode(splits.train), eval_sets)
@@ -147,6 +148,11 @@ def resolve_attention(requested: str, device: torch.device) -> str:
     return "eager" if device.type == "cpu" else "sdpa"
 
 
+def padded_lengths(features, pad_to_multiple_of: int) -> list[int]:
+    """The widths batches will have, so the token budget counts the rounding too."""
+    return [padded_length(len(f.input_ids), pad_to_multiple_of) for f in features]
+
+
 def auto_learning_rate(hidden_size: int) -> float:
     """Small encoders want a larger step (measured, README: Defaults); BERT-base and up the usual 5e-5."""
     return 2e-4 if hidden_size <= 512 else 5e-5
@@ -183,14 +189,15 @@ def run(cfg: TrainConfig, backend) -> dict:
     model = build_model(cfg.model, data.label_list, cfg.trust_remote_code,
                         resolve_attention(cfg.attn_implementation, backend.device))
     model.to(backend.device)
-    sampler = TokenBudgetBatchSampler([len(f.input_ids) for f in data.train_features], cfg.batch_size,
+    sampler = TokenBudgetBatchSampler(padded_lengths(data.train_features, cfg.pad_to_multiple_of), cfg.batch_size,
                                       cfg.max_tokens, cfg.seed, shuffle=True, num_replicas=backend.num_processes)
     resolve_auto(cfg, model, sampler, backend.num_processes)
     optimizer = build_optimizer(model, cfg.learning_rate, cfg.weight_decay, cfg.optimizer_impl)
     # A private generator: creating a DataLoader iterator draws a seed from it, and drawing from
     # the global RNG instead would shift dropout masks after a mid-epoch resume.
     loader = DataLoader(data.train_features, batch_sampler=sampler, generator=torch.Generator(),
-                        collate_fn=partial(collate, pad_token_id=data.tokenizer.pad_token_id))
+                        collate_fn=partial(collate, pad_token_id=data.tokenizer.pad_token_id,
+                                           pad_to_multiple_of=cfg.pad_to_multiple_of))
     model, optimizer, loader = backend.prepare(model, optimizer, loader)
     total_steps, num_epochs = plan_epochs(sampler, cfg, backend.num_processes)
     scheduler = build_scheduler(optimizer, cfg.lr_scheduler, total_steps, cfg.warmup_ratio)

@@ -49,11 +49,12 @@ ABLATIONS = {  # name -> flags that change one technique (run (b) again with the
     "default, warm tokenisation cache": [],
     "no tokenisation cache": ["--tokenization-cache", "none"],
     "no length batching (--max-tokens 0)": ["--max-tokens", "0"],
+    "widths not rounded (--pad-to-multiple-of 1)": ["--pad-to-multiple-of", "1"],
     "fp32 (--mixed-precision no)": ["--mixed-precision", "no"],
     "for-loop AdamW": ["--optimizer-impl", "for-loop"],
-    "fused AdamW (not the default)": ["--optimizer-impl", "fused"],
-    "eager attention": ["--attn-implementation", "eager"],
-    "fused AdamW + eager attention (candidate)": ["--optimizer-impl", "fused", "--attn-implementation", "eager"],
+    "foreach AdamW": ["--optimizer-impl", "foreach"],
+    "SDPA attention": ["--attn-implementation", "sdpa"],
+    "batches of 16 sentences (the earlier default)": ["--batch-size", "16"],
 }
 
 # --------------------------------------------------------------------------- data slices
@@ -552,7 +553,7 @@ def project_plan(train_file: Path, training_args: dict, world_size: int) -> list
     """The project's epoch-0 plan, rebuilt with its own encoder and sampler: updates of batch shapes."""
     from ner.batching import TokenBudgetBatchSampler
     from ner.data import build_label_list, read_conll
-    from ner.encode import encode_examples
+    from ner.encode import encode_examples, padded_length
     from ner.model import load_tokenizer
 
     examples = read_conll(train_file)
@@ -562,9 +563,11 @@ def project_plan(train_file: Path, training_args: dict, world_size: int) -> list
                                training_args["max_seq_length"], training_args["window_stride_words"],
                                training_args["label_all_subwords"])
     lengths = [len(f.input_ids) for f in features]
-    sampler = TokenBudgetBatchSampler(lengths, training_args["batch_size"], training_args["max_tokens"],
+    multiple = training_args.get("pad_to_multiple_of", 1)
+    widths = [padded_length(n, multiple) for n in lengths]  # what collate pads each batch to
+    sampler = TokenBudgetBatchSampler(widths, training_args["batch_size"], training_args["max_tokens"],
                                       training_args["seed"], shuffle=True, num_replicas=world_size)
-    batches = [{"rows": len(b), "width": max(lengths[i] for i in b), "lengths": [lengths[i] for i in b]}
+    batches = [{"rows": len(b), "width": max(widths[i] for i in b), "lengths": [lengths[i] for i in b]}
                for b in sampler.plan(0)]
     return group_steps(batches, world_size * training_args["gradient_accumulation_steps"])
 
@@ -659,7 +662,8 @@ def settings_rows(baseline: dict, training_args: dict, precision: str) -> list[l
     optimizer = "foreach" if baseline.get("optimizer_foreach") else "fused" if baseline.get("optimizer_fused") else \
         "torch default (for-loop on CPU)"
     return [["batching", "shuffle, 32 sentences, pad to longest", f"token budget {t['max_tokens']} "
-             f"(<= {t['batch_size']} sentences), length-bucketed"],
+             f"(<= {t['batch_size']} sentences), length-bucketed, widths padded to a multiple of "
+             f"{t.get('pad_to_multiple_of', 1)}"],
             ["precision", "fp32", precision], ["learning rate", "5e-05", str(t["learning_rate"])],
             ["warmup", "0", f"{t['warmup_ratio']} of updates"], ["schedule", "linear", t["lr_scheduler"]],
             ["weight decay", "0.0 (no-decay groups)", f"{t['weight_decay']} (no-decay groups)"],

@@ -110,3 +110,16 @@ def test_inference_batches_cover_each_item_once_sorted_by_length():
     batches = inference_batches(lengths, max_sentences=2, max_tokens=0)
     assert sorted(i for b in batches for i in b) == list(range(5))
     assert batches[0] == [1, 3]
+
+
+def test_collate_rounds_the_width_and_masks_the_extra_padding(tokenizer):
+    examples = [Example(["Ada", "Lovelace", "wrote"], ["B-PER", "I-PER", "O"], "a"), Example(["Paris"], ["B-LOC"], "b")]
+    features = encode_examples(examples, tokenizer, LABEL2ID, 32)
+    longest = max(len(f.input_ids) for f in features)
+    exact, rounded = collate(features, tokenizer.pad_token_id), collate(features, tokenizer.pad_token_id, 8)
+    assert exact["input_ids"].shape[1] == longest and rounded["input_ids"].shape[1] == -(-longest // 8) * 8
+    width = exact["input_ids"].shape[1]
+    for key in ("input_ids", "attention_mask", "labels", "word_index"):
+        assert (rounded[key][:, :width] == exact[key]).all()
+    assert rounded["attention_mask"][:, width:].sum() == 0 and (rounded["labels"][:, width:] == IGNORE_INDEX).all()
+    assert (rounded["word_index"][:, width:] == -1).all()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from seqeval.metrics import classification_report
 
@@ -168,6 +169,29 @@ def random_model(tiny_bert, tiny_data, tmp_path_factory) -> Path:
     model.save_pretrained(folder)
     AutoTokenizer.from_pretrained(tiny_bert).save_pretrained(folder)
     return folder
+
+
+def test_rounded_batch_widths_do_not_change_predictions(random_model, tiny_data, monkeypatch):
+    import ner.loop
+    from ner.predict import Tagger
+
+    widths = []
+
+    def recording_collate(*args, **kwargs):
+        batch = collate(*args, **kwargs)
+        widths.append(batch["input_ids"].shape[1])
+        return batch
+
+    collate = ner.loop.collate
+    monkeypatch.setattr(ner.loop, "collate", recording_collate)
+    examples = read_conll(tiny_data["validation"])
+    exact_tags, exact_probs = Tagger(random_model, precision="no", pad_to_multiple_of=1).tag(examples)
+    assert any(width % 16 for width in widths)
+    widths.clear()
+    rounded_tags, rounded_probs = Tagger(random_model, precision="no", pad_to_multiple_of=16).tag(examples)
+    assert widths and all(width % 16 == 0 for width in widths)
+    assert rounded_tags == exact_tags
+    assert np.allclose(np.concatenate(rounded_probs), np.concatenate(exact_probs), atol=1e-5)
 
 
 def test_evaluate_numbers_equal_seqeval(random_model, tiny_data, tmp_path, capsys):

@@ -37,6 +37,8 @@ STATE = "trainer_state.json"
 RESUME_MAY_CHANGE = {"output_dir", "resume", "quiet", "logging_steps", "eval_steps", "save_steps",
                      "save_total_limit", "overwrite_output_dir", "backend", "nproc", "dist_timeout",
                      "no_eval", "validation_file", "test_file", "max_steps", "num_epochs", "report_to"}
+# Options added after checkpoints were first written: a checkpoint without one ran with this value.
+ADDED_LATER = {"pad_to_multiple_of": 1}
 
 
 def checkpoint_root(output_dir: Path) -> Path:
@@ -200,9 +202,10 @@ def read_state(folder: Path) -> dict:
 
 def check_compatible(saved: dict, config: dict, label_list: list[str], world_size: int, folder: Path) -> None:
     """Refuse to resume into different math, listing every difference."""
-    differences = [f"{key}: checkpoint {saved['config'].get(key)!r}, now {value!r}"
+    saved_config = {**ADDED_LATER, **saved["config"]}
+    differences = [f"{key}: checkpoint {saved_config.get(key)!r}, now {value!r}"
                    for key, value in config.items()
-                   if key not in RESUME_MAY_CHANGE and saved["config"].get(key) != value]
+                   if key not in RESUME_MAY_CHANGE and saved_config.get(key) != value]
     if saved["label_list"] != label_list:
         differences.append(f"labels: checkpoint {saved['label_list']}, now {label_list}")
     if saved["world_size"] != world_size:

@@ -55,6 +55,7 @@ def best_eval(state: dict) -> dict | None:
 HYPERPARAMETERS = (
     ("num_epochs", "epochs"), ("max_steps", "max steps (-1: epochs decide)"),
     ("batch_size", "sentences per device per micro-batch (at most)"), ("max_tokens", "padded tokens per micro-batch"),
+    ("pad_to_multiple_of", "batch widths padded to a multiple of"),
     ("gradient_accumulation_steps", "gradient accumulation steps"), ("learning_rate", "peak learning rate"),
     ("lr_scheduler", "schedule after warmup"), ("warmup_ratio", "warmup ratio"), ("weight_decay", "weight decay"),
     ("max_grad_norm", "gradient clipping (L2 norm)"), ("max_seq_length", "subword tokens per window"),

@@ -139,3 +139,16 @@ def test_rotation_keeps_newest_complete_and_best_and_ignores_incomplete(saved_ru
     (out / "checkpoints" / "step_40").mkdir()  # a save in progress: no manifest yet
     ckpt.rotate(out, keep_newest=1, best_step=10)
     assert [p.name for p in ckpt.list_checkpoints(out)] == ["step_10", "step_30", "step_40"]
+
+
+def test_resume_check_reads_options_missing_from_older_checkpoints_as_their_old_behaviour(tmp_path):
+    from ner.checkpoint import check_compatible
+    from ner.config import TrainConfig
+    from ner.errors import UserError
+
+    config = TrainConfig().to_dict()
+    older = {"config": {k: v for k, v in config.items() if k != "pad_to_multiple_of"}, "label_list": ["O"],
+             "world_size": 1}
+    check_compatible(older, {**config, "pad_to_multiple_of": 1}, ["O"], 1, tmp_path)  # what it ran with
+    with pytest.raises(UserError, match=r"pad_to_multiple_of: checkpoint 1, now 4"):
+        check_compatible(older, {**config, "pad_to_multiple_of": 4}, ["O"], 1, tmp_path)

@@ -116,6 +116,11 @@ def padded_length(length: int, multiple: int) -> int:
     return -(-length // multiple) * multiple
 
 
+def padded_lengths(features: list[Feature], pad_to_multiple_of: int) -> list[int]:
+    """The width each feature will be padded to: batching budgets count the rounding too."""
+    return [padded_length(len(f.input_ids), pad_to_multiple_of) for f in features]
+
+
 def collate(features: list[Feature], pad_token_id: int, pad_to_multiple_of: int = 1) -> dict[str, torch.Tensor]:
     # Rounding the width keeps the number of distinct batch shapes small: CPU kernels (oneDNN) are
     # built and cached per shape, which costs time and memory for every new one (README: Performance).

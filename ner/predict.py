@@ -28,7 +28,7 @@ from ner.backends import autocast_for, default_device, resolve_precision
 from ner.batching import inference_batches
 from ner.config import PAD_TO_MULTIPLE_OF
 from ner.data import Example, check_known_labels, read_conll
-from ner.encode import encode_examples, merge_predictions, padded_length
+from ner.encode import encode_examples, merge_predictions, padded_lengths
 from ner.errors import USAGE_EXIT_CODE, UserError
 from ner.loop import predict_word_labels
 
@@ -60,8 +60,7 @@ class Tagger:
         """(tags, per-word probabilities) for each example, batched by length."""
         placeholder = {label: 0 for label in {t for e in examples for t in e.tags}}  # gold tags are not needed
         features = encode_examples(examples, self.tokenizer, placeholder, self.max_seq_length)
-        widths = [padded_length(len(f.input_ids), self.pad_to_multiple_of) for f in features]
-        batches = inference_batches(widths, max_sentences, max_tokens)
+        batches = inference_batches(padded_lengths(features, self.pad_to_multiple_of), max_sentences, max_tokens)
         sentence_ids, word_ids, label_ids, probs = predict_word_labels(
             self.model, features, batches, self.device, lambda: autocast_for(self.device, self.precision),
             self.tokenizer.pad_token_id, progress, self.pad_to_multiple_of)

@@ -23,7 +23,7 @@ from ner import checkpoint as ckpt
 from ner.batching import TokenBudgetBatchSampler, inference_batches
 from ner.config import TrainConfig
 from ner.data import SAMPLE_DIR, Splits, build_label_list, check_known_labels, load_splits
-from ner.encode import cached_encode, collate, padded_length
+from ner.encode import cached_encode, collate, padded_lengths
 from ner.errors import UserError
 from ner.export import export_checkpoint
 from ner.loop import EvalSet, TrainState, evaluate, fit, predict_tags, updates_in_epoch
@@ -146,11 +146,6 @@ def resolve_attention(requested: str, device: torch.device) -> str:
     if requested != "auto":
         return requested
     return "eager" if device.type == "cpu" else "sdpa"
-
-
-def padded_lengths(features, pad_to_multiple_of: int) -> list[int]:
-    """The widths batches will have, so the token budget counts the rounding too."""
-    return [padded_length(len(f.input_ids), pad_to_multiple_of) for f in features]
 
 
 def auto_learning_rate(hidden_size: int) -> float:

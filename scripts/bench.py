@@ -553,7 +553,7 @@ def project_plan(train_file: Path, training_args: dict, world_size: int) -> list
     """The project's epoch-0 plan, rebuilt with its own encoder and sampler: updates of batch shapes."""
     from ner.batching import TokenBudgetBatchSampler
     from ner.data import build_label_list, read_conll
-    from ner.encode import encode_examples, padded_length
+    from ner.encode import encode_examples, padded_lengths
     from ner.model import load_tokenizer
 
     examples = read_conll(train_file)
@@ -564,7 +564,7 @@ def project_plan(train_file: Path, training_args: dict, world_size: int) -> list
                                training_args["label_all_subwords"])
     lengths = [len(f.input_ids) for f in features]
     multiple = training_args.get("pad_to_multiple_of", 1)
-    widths = [padded_length(n, multiple) for n in lengths]  # what collate pads each batch to
+    widths = padded_lengths(features, multiple)  # what collate pads each batch to
     sampler = TokenBudgetBatchSampler(widths, training_args["batch_size"], training_args["max_tokens"],
                                       training_args["seed"], shuffle=True, num_replicas=world_size)
     batches = [{"rows": len(b), "width": max(widths[i] for i in b), "lengths": [lengths[i] for i in b]}

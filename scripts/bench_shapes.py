@@ -13,6 +13,7 @@ supported, fused AdamW: the training path's defaults.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import random
 import resource
@@ -49,7 +50,7 @@ def measure(multiple: int, updates: int, rows: int, seed: int) -> dict:
     model = build_model("sentence-transformers/all-MiniLM-L6-v2", ["O", "B-X", "I-X"], attn_implementation="eager")
     optimizer = build_optimizer(model, 2e-4, 0.01, "fused")
     precision = resolve_precision("auto", torch.device("cpu"))
-    autocast = lambda: autocast_for(torch.device("cpu"), precision)  # noqa: E731
+    autocast = functools.partial(autocast_for, torch.device("cpu"), precision)
     rng = random.Random(seed)
     widths = [rng.randint(12, 60) for _ in range(updates)]
     one_update(model, optimizer, 8, rows, autocast)  # optimizer state and thread pools, outside the timing

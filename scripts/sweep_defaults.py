@@ -20,18 +20,13 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+from bench import read_conll_sentences, write_conll  # noqa: E402  one CoNLL slicer for both scripts
 
 
 def slice_conll(src: Path, dst: Path, sentences: int) -> Path:
-    out, count = [], 0
-    for block in src.read_text(encoding="utf-8").split("\n\n"):
-        if block.strip() and not block.startswith("-DOCSTART-"):
-            out.append(block.strip("\n"))
-            count += 1
-            if count == sentences:
-                break
-    dst.write_text("\n\n".join(out) + "\n", encoding="utf-8")
-    return dst
+    """The first `sentences` sentences of a CoNLL file, as the benchmark slices them."""
+    return write_conll(read_conll_sentences(src, sentences), dst)
 
 
 def train_once(train: Path, valid: Path, options: dict, workdir: Path) -> dict:

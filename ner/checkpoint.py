@@ -33,10 +33,15 @@ log = logging.getLogger(__name__)
 CHECKPOINTS = "checkpoints"
 MANIFEST = "manifest.json"
 STATE = "trainer_state.json"
-# Options that may differ on resume: they change where output goes or how often, not the math.
+# Options that may differ on resume. Most change where output goes or how often, not the math.
+# Two change the run's length: with a new --max-steps / --num-epochs the learning-rate schedule
+# is rebuilt for the new total, so from the resumed step on it follows the new length's curve.
+# The attention kernel (eager / sdpa) computes the same function up to float rounding; `auto`
+# picks per device, so a checkpoint can move between CPU and GPU.
 RESUME_MAY_CHANGE = {"output_dir", "resume", "quiet", "logging_steps", "eval_steps", "save_steps",
                      "save_total_limit", "overwrite_output_dir", "backend", "nproc", "dist_timeout",
-                     "no_eval", "validation_file", "test_file", "max_steps", "num_epochs", "report_to"}
+                     "no_eval", "validation_file", "test_file", "max_steps", "num_epochs", "report_to",
+                     "attn_implementation"}
 # Options added after checkpoints were first written: a checkpoint without one ran with this value.
 ADDED_LATER = {"pad_to_multiple_of": 1}
 

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
+import math
+import os
 import types
 import typing
 from dataclasses import dataclass, field
@@ -16,7 +19,10 @@ from typing import Any
 
 import yaml
 
+from ner.data import SAMPLE_DIR
 from ner.errors import UserError
+
+log = logging.getLogger("ner")
 
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 PAD_TO_MULTIPLE_OF = 4  # batch widths; measured on CPU (README: Performance)
@@ -53,7 +59,9 @@ class TrainConfig:
         choices=("auto", "sdpa", "eager"))
     optimizer_impl: str = _opt("fused", "AdamW implementation: fused (one kernel), foreach (multi-tensor) or for-loop",
                                choices=("foreach", "fused", "for-loop"))
-    tokenization_cache: str = _opt("auto", "folder for cached tokenised data; auto: ~/.cache/ner; none: off")
+    tokenization_cache: str = _opt(
+        "auto", "folder for cached tokenised data; auto: $NER_CACHE_DIR, else $XDG_CACHE_HOME/ner, "
+        "else ~/.cache/ner (a features/ folder inside); none: off")
     # optimisation
     num_epochs: int = _opt(
         0, "passes over the training data; 0: auto, enough for ~1,500 updates, at least 3 and at most 10 "
@@ -124,6 +132,61 @@ class TrainConfig:
     @property
     def output_path(self) -> Path:
         return Path(self.output_dir)
+
+
+# ----------------------------------------------------------------------------- auto values
+
+AUTO_TARGET_UPDATES, AUTO_MIN_EPOCHS, AUTO_MAX_EPOCHS = 1500, 3, 10
+
+
+def auto_num_epochs(updates_per_epoch: int) -> int:
+    """Small data needs more passes to get enough updates; large data is done in 3 (docs/defaults.md)."""
+    return min(max(math.ceil(AUTO_TARGET_UPDATES / max(updates_per_epoch, 1)), AUTO_MIN_EPOCHS), AUTO_MAX_EPOCHS)
+
+
+def auto_learning_rate(hidden_size: int) -> float:
+    """Small encoders want a larger step (measured, docs/defaults.md); BERT-base and up the usual 5e-5."""
+    return 2e-4 if hidden_size <= 512 else 5e-5
+
+
+def auto_attention(device_type: str) -> str:
+    """SDPA's fused kernels pay off on GPUs; on CPU, for NER's short rows, eager measured faster."""
+    return "eager" if device_type == "cpu" else "sdpa"
+
+
+def resolve_auto(cfg: TrainConfig, *, hidden_size: int, updates_per_epoch: int, device_type: str) -> TrainConfig:
+    """A new config with every auto value decided, each choice logged once; `cfg` is left as it was."""
+    chosen: dict[str, Any] = {}
+    if cfg.learning_rate == 0:
+        chosen["learning_rate"] = auto_learning_rate(hidden_size)
+        log.info("--learning-rate auto: %g (hidden size %d)", chosen["learning_rate"], hidden_size)
+    if cfg.num_epochs == 0 and cfg.max_steps <= 0:
+        chosen["num_epochs"] = auto_num_epochs(updates_per_epoch)
+        log.info("--num-epochs auto: %d (%d updates an epoch)", chosen["num_epochs"], updates_per_epoch)
+    if cfg.attn_implementation == "auto":
+        chosen["attn_implementation"] = auto_attention(device_type)
+        log.info("--attn-implementation auto: %s (on %s)", chosen["attn_implementation"], device_type)
+    return dataclasses.replace(cfg, **chosen)
+
+
+def with_sample_data(cfg: TrainConfig) -> TrainConfig:
+    """No data given: the shipped sample, so a bare `python -m ner.train` trains something real."""
+    if cfg.train_file is not None or cfg.dataset is not None:
+        return cfg
+    log.info("no --train-file: training on the shipped sample in %s", SAMPLE_DIR)
+    return dataclasses.replace(cfg, train_file=str(SAMPLE_DIR / "train.conll"),
+                               validation_file=cfg.validation_file or str(SAMPLE_DIR / "valid.conll"),
+                               test_file=cfg.test_file or str(SAMPLE_DIR / "test.conll"))
+
+
+def tokenization_cache_dir(setting: str) -> Path | None:
+    """--tokenization-cache: a folder, `none`, or `auto` (NER_CACHE_DIR, XDG_CACHE_HOME, ~/.cache)."""
+    if setting == "none":
+        return None
+    if setting != "auto":
+        return Path(setting)
+    root = os.environ.get("NER_CACHE_DIR") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ner"
+    return Path(root) / "features"
 
 
 def _flag(name: str) -> str:

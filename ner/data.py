@@ -7,7 +7,9 @@ validation file is reported as `valid.txt:1042: ...`, not as a KeyError deep in 
 from __future__ import annotations
 
 import json
+import os
 import re
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,33 +59,75 @@ def _read_text(path: Path) -> str:
         raise at(path, line, f"not UTF-8 (byte 0x{data[exc.start]:02x}); re-save the file as UTF-8") from None
 
 
-def read_conll(path: Path) -> list[Example]:
-    """CoNLL columns: word first, tag last; blank lines end sentences; -DOCSTART- skipped."""
-    examples: list[Example] = []
-    words: list[str] = []
-    tags: list[str] = []
+def conll_blocks(path: Path) -> Iterator[tuple[list[int], list[list[str]]]]:
+    """(line numbers, columns of each line) per sentence of a CoNLL-style file: blank lines end
+    sentences, -DOCSTART- lines are skipped. The one CoNLL reader; callers check the columns."""
     lines: list[int] = []
+    rows: list[list[str]] = []
     for line_no, line in enumerate(_read_text(path).splitlines(), start=1):
         columns = line.split()
         if not columns:
-            if words:
-                examples.append(Example(words, tags, str(path), lines))
-                words, tags, lines = [], [], []
+            if rows:
+                yield lines, rows
+                lines, rows = [], []
             continue
         if columns[0] == DOCSTART:
             continue
-        if len(columns) < 2:
-            raise at(path, line_no, f"{CONLL_HELP}; got one column {line.strip()!r}")
-        if not TAG_PATTERN.match(columns[-1]):
-            raise at(path, line_no, f"{columns[-1]!r} is not a valid tag ({TAG_HELP})")
-        words.append(columns[0])
-        tags.append(columns[-1])
         lines.append(line_no)
-    if words:  # no blank line after the last sentence
-        examples.append(Example(words, tags, str(path), lines))
+        rows.append(columns)
+    if rows:  # no blank line after the last sentence
+        yield lines, rows
+
+
+def read_conll(path: Path) -> list[Example]:
+    """CoNLL columns: word first, tag last."""
+    examples: list[Example] = []
+    for lines, rows in conll_blocks(path):
+        for line_no, columns in zip(lines, rows):
+            if len(columns) < 2:
+                raise at(path, line_no, f"{CONLL_HELP}; got one column {columns[0]!r}")
+            if not TAG_PATTERN.match(columns[-1]):
+                raise at(path, line_no, f"{columns[-1]!r} is not a valid tag ({TAG_HELP})")
+        examples.append(Example([c[0] for c in rows], [c[-1] for c in rows], str(path), lines))
     if not examples:
         raise UserError(f"{path}: no sentences found ({CONLL_HELP})")
     return examples
+
+
+def write_columns(path: Path, sentences: Iterable[Iterable[tuple[str, ...]]]) -> Path:
+    """One tab-separated row per word, a blank line after each sentence; written whole or not at all."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as handle:
+        for rows in sentences:
+            handle.writelines("\t".join(row) + "\n" for row in rows)
+            handle.write("\n")
+    os.replace(tmp, path)
+    return path
+
+
+def write_conll(path: Path, examples: list[Example]) -> Path:
+    """`word<TAB>TAG` lines that read_conll reads back as the same examples."""
+    return write_columns(path, (zip(e.words, e.tags, strict=True) for e in examples))
+
+
+def write_predictions(path: Path, words: list[list[str]], gold: list[list[str]], predicted: list[list[str]]) -> Path:
+    """`word<TAB>gold<TAB>predicted` per word, blank line between sentences."""
+    return write_columns(path, (zip(*sentence, strict=True) for sentence in zip(words, gold, predicted, strict=True)))
+
+
+def read_predictions(path: Path) -> tuple[list[list[str]], list[list[str]]]:
+    """(gold, predicted) tag sequences of a file written by write_predictions."""
+    gold: list[list[str]] = []
+    predicted: list[list[str]] = []
+    for lines, rows in conll_blocks(path):
+        for line_no, columns in zip(lines, rows):
+            if len(columns) < 3:
+                raise at(path, line_no, f"expected 'word<TAB>gold<TAB>predicted', got {' '.join(columns)!r}")
+        gold.append([c[-2] for c in rows])
+        predicted.append([c[-1] for c in rows])
+    return gold, predicted
 
 
 def read_jsonl(path: Path, tokens_column: str = "tokens", tags_column: str = "tags") -> list[Example]:

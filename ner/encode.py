@@ -19,6 +19,7 @@ import torch
 from ner.data import Example
 
 IGNORE_INDEX = -100
+MODEL_INPUTS = ("input_ids", "attention_mask")  # the batch keys the model takes; the rest are bookkeeping
 
 
 @dataclass
@@ -163,8 +164,14 @@ def merge_predictions(examples: list[Example], sentence_ids: np.ndarray, word_id
     return [names[offsets[i]:offsets[i + 1]] for i in range(len(examples))]
 
 
+def _encoder_source_digest() -> str:
+    """This module's source: editing the encoding code invalidates every cache entry by itself."""
+    return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+
+
 def _cache_key(examples: list[Example], tokenizer, settings: dict) -> str:
     digest = hashlib.sha256()
+    digest.update(_encoder_source_digest().encode())
     digest.update(json.dumps(settings, sort_keys=True).encode())
     digest.update(tokenizer.backend_tokenizer.to_str().encode())
     for example in examples:
@@ -178,7 +185,7 @@ def cached_encode(examples: list[Example], tokenizer, label2id: dict[str, int], 
                   cache_dir: Path | None = None) -> list[Feature]:
     """encode_examples, memoised on disk by a hash of the data, tokenizer and settings."""
     settings = {"label2id": label2id, "max_seq_length": max_seq_length, "stride": stride_words,
-                "all_subwords": label_all_subwords, "version": 1}
+                "all_subwords": label_all_subwords}
     if cache_dir is None:
         return encode_examples(examples, tokenizer, label2id, max_seq_length, stride_words, label_all_subwords)
     path = Path(cache_dir) / f"{_cache_key(examples, tokenizer, settings)}.npz"

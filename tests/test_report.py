@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 from seqeval.metrics import classification_report
 
-from ner.data import build_label_list, read_conll
+from ner.data import build_label_list, read_conll, read_predictions, write_predictions
 from ner.evaluate import main as evaluate_main
 from ner.export import model_card
 from ner.metrics import entity_scores
-from ner.plot import NO_ENTITY, confusion_counts, read_predictions, write_plots, write_predictions
+from ner.plot import NO_ENTITY, confusion_counts, write_plots
 from ner.plot import main as plot_main
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -172,8 +172,8 @@ def random_model(tiny_bert, tiny_data, tmp_path_factory) -> Path:
 
 
 def test_rounded_batch_widths_do_not_change_predictions(random_model, tiny_data, monkeypatch):
-    import ner.loop
-    from ner.predict import Tagger
+    import ner.infer
+    from ner.infer import Tagger
 
     widths = []
 
@@ -182,8 +182,8 @@ def test_rounded_batch_widths_do_not_change_predictions(random_model, tiny_data,
         widths.append(batch["input_ids"].shape[1])
         return batch
 
-    collate = ner.loop.collate
-    monkeypatch.setattr(ner.loop, "collate", recording_collate)
+    collate = ner.infer.collate
+    monkeypatch.setattr(ner.infer, "collate", recording_collate)
     examples = read_conll(tiny_data["validation"])
     exact_tags, exact_probs = Tagger(random_model, precision="no", pad_to_multiple_of=1).tag(examples)
     assert any(width % 16 for width in widths)
@@ -195,7 +195,7 @@ def test_rounded_batch_widths_do_not_change_predictions(random_model, tiny_data,
 
 
 def test_evaluate_numbers_equal_seqeval(random_model, tiny_data, tmp_path, capsys):
-    from ner.predict import Tagger
+    from ner.infer import Tagger
 
     out = tmp_path / "report.json"
     code = evaluate_main([str(random_model), str(tiny_data["validation"]), "--json", str(out), "--worst", "3",

@@ -99,10 +99,3 @@ def launch(cfg, worker: Callable[[Backend], None], local_rank_arg: int | None = 
         from ner.backends.data_parallel import DataParallelBackend
 
         worker(DataParallelBackend(cfg))
-
-
-def process_rank_from_env() -> int:
-    """This process's global rank as a launcher set it (0 when not launched)."""
-    import os
-
-    return int(os.environ.get("RANK", os.environ.get("ACCELERATE_PROCESS_INDEX", "0")) or 0)

@@ -27,7 +27,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from ner.backends import autocast_for, resolve_precision
-from ner.errors import USAGE_EXIT_CODE, UserError
+from ner.errors import USAGE_EXIT_CODE, UserError, report
 
 log = logging.getLogger(__name__)
 
@@ -165,9 +165,7 @@ def _spawned_worker(index: int, cfg, worker, world_size: int, port: int) -> None
     try:
         _run_rank(cfg, worker, index, index, world_size)
     except UserError as exc:
-        if index == 0:
-            print(f"error: {exc}", file=sys.stderr)
-        sys.exit(USAGE_EXIT_CODE)
+        sys.exit(report(exc, rank=index))
 
 
 def _run_rank(cfg, worker, rank: int, local_rank: int, world_size: int) -> None:

@@ -1,4 +1,9 @@
-"""What happens around each update: progress bar, metrics.jsonl, evaluation, checkpoints."""
+"""Training hooks: what happens around each update.
+
+The progress bar; metrics.jsonl (loss, learning rate and tokens per logged interval, every
+evaluation); the evaluation and checkpoint schedule; the trainer state a checkpoint carries;
+library versions; and the fault-injection hook the reliability tests use.
+"""
 
 from __future__ import annotations
 
@@ -13,8 +18,10 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from ner import checkpoint as ckpt
-from ner.loop import Throughput, TrainState, predict_tags
-from ner.metrics import entity_scores, format_scores
+from ner.backends import Backend
+from ner.infer import predict_tags
+from ner.loop import TrainState
+from ner.metrics import best_evaluation, entity_scores, format_scores
 
 log = logging.getLogger("ner")
 
@@ -70,15 +77,38 @@ def trainer_state(cfg, state: TrainState, data, world_size: int) -> dict:
             "eval_history": state.eval_history, "best_step": state.best_step, "versions": versions()}
 
 
+class TokenCounter:
+    """Real (non-pad) and computed (padded) tokens of every micro-batch between two log records."""
+
+    def __init__(self) -> None:
+        self.shapes: list[list[int]] = []
+        self.start = time.perf_counter()
+
+    def add(self, micro_batches: list[dict]) -> None:
+        for batch in micro_batches:
+            rows, width = batch["attention_mask"].shape
+            self.shapes.append([rows, width, int(batch["attention_mask"].sum())])
+
+    def take(self, backend: Backend) -> dict:
+        """Totals over all ranks since the last call (a collective: every rank calls it), then reset."""
+        shapes = [shape for part in backend.gather_object(self.shapes) for shape in part]
+        elapsed = time.perf_counter() - self.start
+        real = sum(shape[2] for shape in shapes)
+        self.shapes, self.start = [], time.perf_counter()
+        return {"tokens_per_s": real / elapsed if elapsed > 0 else 0.0, "real_tokens": real,
+                "padded_tokens": sum(rows * width for rows, width, _ in shapes),
+                "batch_shapes": shapes}  # [rows, padded width, real tokens] per micro-batch, rank by rank
+
+
 class RunHooks:
-    def __init__(self, cfg, backend, model, optimizer, scheduler, data, state: TrainState, total_steps: int):
+    def __init__(self, cfg, backend: Backend, model, optimizer, scheduler, data, state: TrainState, total_steps: int):
         self.cfg, self.backend, self.data = cfg, backend, data
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.is_main = backend.is_main_process
         self.bar = tqdm(total=total_steps, initial=state.global_step, desc="train", unit="step", dynamic_ncols=True,
                         disable=not self.is_main or cfg.quiet)
         self.metrics_path = Path(cfg.output_dir) / "metrics.jsonl"
-        self.throughput = Throughput()
+        self.tokens = TokenCounter()
         self.losses_since_log: list[float] = []
         self.last_saved: tuple[int, Path] | None = None
         self.state = state
@@ -94,19 +124,17 @@ class RunHooks:
         return tqdm(iterable, disable=not self.is_main or self.cfg.quiet, dynamic_ncols=True, **kwargs)
 
     def on_update(self, state: TrainState, loss: float, micro_batches: list[dict]) -> None:
-        self.throughput.add(micro_batches)
+        self.tokens.add(micro_batches)
         self.losses_since_log.append(loss)
         lr = self.scheduler.get_last_lr()[0]
         self.bar.update(1)
         self.bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", refresh=False)
         if state.global_step % self.cfg.logging_steps == 0:
-            # Only rank 0's tokens are counted: multiply by world size for the job's rate.
-            rate = self.throughput.rate() * self.backend.num_processes
+            tokens = self.tokens.take(self.backend)
             mean_loss = sum(self.losses_since_log) / len(self.losses_since_log)
             self.losses_since_log = []
-            self.bar.set_postfix(loss=f"{mean_loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{rate:.0f}")
-            self._write({"step": state.global_step, "epoch": state.epoch, "loss": mean_loss, "lr": lr,
-                         "tokens_per_s": rate})
+            self.bar.set_postfix(loss=f"{mean_loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tokens['tokens_per_s']:.0f}")
+            self._write({"step": state.global_step, "epoch": state.epoch, "loss": mean_loss, "lr": lr, **tokens})
         if self.cfg.eval_steps and state.global_step % self.cfg.eval_steps == 0:
             self.evaluate(state)
         if self.cfg.save_steps and state.global_step % self.cfg.save_steps == 0:
@@ -148,8 +176,8 @@ class RunHooks:
         return folder
 
     def best_scores(self) -> dict | None:
-        best = [e for e in self.state.eval_history if e["step"] == self.state.best_step]
-        return best[-1]["scores"] if best else None
+        best = best_evaluation(self.state.eval_history)
+        return best["scores"] if best else None
 
     def close(self) -> None:
         self.bar.close()

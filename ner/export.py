@@ -58,7 +58,7 @@ HYPERPARAMETERS = (
     ("max_grad_norm", "gradient clipping (L2 norm)"), ("max_seq_length", "subword tokens per window"),
     ("label_all_subwords", "loss on every subword"), ("mixed_precision", "mixed precision"), ("seed", "seed"),
     ("backend", "training backend"))
-HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+HUB_ID = re.compile(r"([A-Za-z0-9][\w.-]*/)?[A-Za-z0-9][\w.-]*")  # `name` (legacy ids) or `org/name`
 
 
 def model_card(args: dict, metrics: dict) -> str:

@@ -142,6 +142,7 @@ class RunHooks:
         inject_fault(state.global_step, self.backend.process_index)
 
     def on_epoch_end(self, state: TrainState) -> None:
+        self._write({"step": state.global_step, "epoch_end": state.epoch})  # where plots draw the boundary
         if not self.cfg.eval_steps:
             self.evaluate(state)
         self.save(state)  # every epoch end, whatever --save-steps says (a no-op if this step is saved)

@@ -20,7 +20,7 @@ import json
 import logging
 import os
 import sys
-from itertools import pairwise
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -42,13 +42,21 @@ METRIC_COLORS = {"precision": "#4C72B0", "recall": "#DD8452", "f1": "#55A868"}
 
 # ----------------------------------------------------------------------------- reading
 
-def read_metrics(path: Path) -> tuple[list[dict], list[dict]]:
-    """(logged steps, evaluations) from metrics.jsonl, by step; a live run's half-written line is skipped.
+@dataclass
+class RunMetrics:
+    logs: list[dict]  # training records (loss, lr, tokens), by step
+    evals: list[dict]  # validation records, by step
+    epoch_ends: dict[int, int]  # epochs completed -> the step that completed it
+
+
+def read_metrics(path: Path) -> RunMetrics:
+    """metrics.jsonl, by step; a live run's half-written line is skipped.
 
     A resumed run logs some steps twice; the later record (the resumed run's) wins.
     """
     logs: dict[int, dict] = {}
     evals: dict[int, dict] = {}
+    epoch_ends: dict[int, int] = {}
     with open(path, encoding="utf-8") as handle:
         for line in handle:
             try:
@@ -61,7 +69,9 @@ def read_metrics(path: Path) -> tuple[list[dict], list[dict]]:
                 evals[record["step"]] = record
             elif "loss" in record:
                 logs[record["step"]] = record
-    return [logs[s] for s in sorted(logs)], [evals[s] for s in sorted(evals)]
+            elif isinstance(record.get("epoch_end"), int):
+                epoch_ends[record["epoch_end"]] = record["step"]
+    return RunMetrics([logs[s] for s in sorted(logs)], [evals[s] for s in sorted(evals)], epoch_ends)
 
 
 # ----------------------------------------------------------------------------- confusion
@@ -112,13 +122,7 @@ def _step_axis(ax, steps: list[int]) -> None:
         ax.set_xlim(steps[0] - 1, steps[0] + 1)
 
 
-def _epoch_starts(logs: list[dict]) -> list[tuple[int, int]]:
-    """(first logged step, epochs completed) where the epoch changes between consecutive logged steps."""
-    return [(now["step"], now["epoch"]) for before, now in pairwise(logs)
-            if now.get("epoch") is not None and now.get("epoch") != before.get("epoch")]
-
-
-def plot_loss_lr(logs: list[dict], path: Path) -> Path:
+def plot_loss_lr(logs: list[dict], epoch_ends: dict[int, int], path: Path) -> Path:
     steps = [r["step"] for r in logs]
     figure = Figure(figsize=FIGSIZE)
     loss_ax, lr_ax = figure.subplots(2, 1, sharex=True, height_ratios=(3, 2))
@@ -130,11 +134,12 @@ def plot_loss_lr(logs: list[dict], path: Path) -> Path:
     lr_ax.set_xlabel("optimizer step")
     _step_axis(lr_ax, steps)
     lr_ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:.3g}"))
+    shown = {epoch: step for epoch, step in epoch_ends.items() if step < steps[-1]}  # not the run's own end
     for ax in (loss_ax, lr_ax):
         ax.grid(alpha=0.3)
-        for step, _ in _epoch_starts(logs):
+        for step in shown.values():
             ax.axvline(step, color="grey", linestyle=":", linewidth=1)
-    for step, epoch in _epoch_starts(logs):
+    for epoch, step in shown.items():
         loss_ax.annotate(f"end of epoch {epoch}", (step, 1.0), xycoords=("data", "axes fraction"), xytext=(3, -12),
                          textcoords="offset points", fontsize=8, color="grey")
     return _save(figure, path)
@@ -229,9 +234,10 @@ def write_plots(output_dir: Path) -> list[Path]:
         raise UserError(f"{output_dir}: not a folder (expected the --output-dir of a training run)")
     written: list[Path] = []
     metrics_path = output_dir / "metrics.jsonl"
-    logs, evals = read_metrics(metrics_path) if metrics_path.is_file() else ([], [])
+    run = read_metrics(metrics_path) if metrics_path.is_file() else RunMetrics([], [], {})
+    logs, evals = run.logs, run.evals
     if logs:
-        written.append(plot_loss_lr(logs, output_dir / "loss_lr.png"))
+        written.append(plot_loss_lr(logs, run.epoch_ends, output_dir / "loss_lr.png"))
     else:
         log.info("plot: no logged training steps in %s yet: loss_lr.png skipped", metrics_path)
     if evals:

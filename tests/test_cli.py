@@ -11,6 +11,7 @@ from conftest import python_module, read_state, run_cli, tiny_args
 
 from ner import train as train_cli
 from ner.checkpoint import list_checkpoints
+from ner.metrics import best_evaluation
 
 
 @pytest.fixture(scope="module")
@@ -42,9 +43,30 @@ def test_final_folder_is_a_standard_hugging_face_model(trained):
 
 
 def test_rotation_keeps_the_newest_two_and_the_best(trained):
-    steps = [int(p.name.split("_")[1]) for p in list_checkpoints(trained)]
-    best = read_state(list_checkpoints(trained)[-1])["best_step"]
-    assert len(steps) <= 3 and best in steps and steps[-1] == max(steps)
+    """6 epochs, a checkpoint at each epoch end (where each evaluation is): kept are epochs 5, 6 and the best."""
+    state = read_state(list_checkpoints(trained)[-1])
+    evaluations = state["eval_history"]
+    assert len(evaluations) == 6
+    best = best_evaluation(evaluations)
+    assert state["best_step"] == best["step"]
+    kept = [int(p.name.split("_")[1]) for p in list_checkpoints(trained)]
+    assert kept == sorted({evaluations[-2]["step"], evaluations[-1]["step"], best["step"]})
+
+
+def test_loss_plot_marks_each_epoch_where_it_really_ended(trained, monkeypatch):
+    """Logging every 10 updates: the boundary is the epoch's last update, not the next logged step."""
+    import ner.plot
+
+    state = read_state(list_checkpoints(trained)[-1])
+    epoch_last_steps = [e["step"] for e in state["eval_history"]]  # one evaluation at each epoch's end
+    assert any(step % 10 for step in epoch_last_steps)  # else this test could not tell the two apart
+    run = ner.plot.read_metrics(trained / "metrics.jsonl")
+    assert run.epoch_ends == dict(enumerate(epoch_last_steps, start=1))
+    figures = []
+    monkeypatch.setattr(ner.plot, "_save", lambda figure, path: figures.append(figure) or path)
+    ner.plot.plot_loss_lr(run.logs, run.epoch_ends, trained / "unused.png")
+    drawn = sorted({line.get_xdata()[0] for line in figures[0].axes[0].lines[1:]})
+    assert drawn == [step for step in epoch_last_steps if step < run.logs[-1]["step"]]
 
 
 def test_predict_json_from_stdin_and_conll_output(trained, tiny_data):

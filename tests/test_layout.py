@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,12 +43,46 @@ def test_the_check_itself_catches_an_offender(tmp_path):
         "accelerate", "accelerate.A", "torch.distributed", "torch.nn.parallel"]
 
 
-def test_no_cuda_literals_outside_backends():
+DEVICE_LITERAL = re.compile(r"^(cuda|mps|xpu)(:\d+)?$")
+
+
+def device_choices(source: str) -> list[str]:
+    """`.cuda()` calls and device strings ("cuda", "cuda:0", ...) used anywhere but as a dictionary key."""
+    tree = ast.parse(source)
+    keys = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Dict):
+            keys |= {id(k) for k in node.keys if k is not None}
+        elif isinstance(node, ast.Subscript):
+            keys.add(id(node.slice))
+        elif isinstance(node, ast.Compare) and any(isinstance(op, (ast.In, ast.NotIn)) for op in node.ops):
+            keys.add(id(node.left))  # `"cuda" in state`
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "cuda":
+            found.append((node.lineno, ".cuda()"))
+        elif (isinstance(node, ast.Constant) and isinstance(node.value, str) and DEVICE_LITERAL.match(node.value)
+              and id(node) not in keys):
+            found.append((node.lineno, repr(node.value)))
+    return [f"line {line}: {what}" for line, what in sorted(found)]
+
+
+def test_no_device_choices_outside_backends():
+    offenders = {}
     for path in (ROOT / "ner").rglob("*.py"):
         if "backends" in path.relative_to(ROOT / "ner").parts:
             continue
-        source = path.read_text(encoding="utf-8")
-        assert ".cuda()" not in source, path
+        found = device_choices(path.read_text(encoding="utf-8"))
+        if found:
+            offenders[str(path.relative_to(ROOT))] = found
+    assert offenders == {}
+
+
+def test_the_device_check_catches_literals_and_spares_dictionary_keys():
+    bad = 'import torch\nm.cuda()\ntorch.device("cuda")\nx.to("cuda:0")\ny = "mps"\n'
+    assert [f.split(": ", 1)[1] for f in device_choices(bad)] == [".cuda()", "'cuda'", "'cuda:0'", "'mps'"]
+    fine = 'state["cuda"] = 1\nif "cuda" in state:\n    pass\nd = {"cuda": 2}\nx = "cudagraph"\n'
+    assert device_choices(fine) == []
 
 
 def test_no_module_named_after_a_dependency():

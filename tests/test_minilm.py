@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import re
 import sys
-from pathlib import Path
 
 import pytest
 from conftest import ROOT, SHARED_CONLL, python_module, run_cli
@@ -64,4 +63,7 @@ def test_conll2003_reads_as_iob2_with_its_four_types():
     assert len(train) == 14041 and detect_scheme(train) == "iob2"
     assert build_label_list(train) == ["O", "B-LOC", "I-LOC", "B-MISC", "I-MISC", "B-ORG", "I-ORG", "B-PER", "I-PER"]
     assert len(read_conll(SHARED_CONLL / "valid.txt")) == 3250 and len(read_conll(SHARED_CONLL / "test.txt")) == 3453
-    assert Path(SHARED_CONLL).is_dir()
+    first = train[0]  # the -DOCSTART- line before it is skipped, not read as a word
+    assert first.words == ["EU", "rejects", "German", "call", "to", "boycott", "British", "lamb", "."]
+    assert first.tags == ["B-ORG", "O", "B-MISC", "O", "O", "O", "B-MISC", "O", "O"]
+    assert first.lines[0] == 3

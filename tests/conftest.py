@@ -14,6 +14,32 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_CONLL = ROOT.parent / "shared" / "data" / "conll2003"
 
+
+
+@pytest.fixture(scope="session", autouse=True)
+def private_tokenization_cache(tmp_path_factory) -> Path:
+    """Tests never write the user's cache: `--tokenization-cache auto` and every subprocess use a temporary one."""
+    folder = tmp_path_factory.mktemp("ner_cache")
+    previous = os.environ.get("NER_CACHE_DIR")
+    os.environ["NER_CACHE_DIR"] = str(folder)
+    yield folder
+    if previous is None:
+        os.environ.pop("NER_CACHE_DIR", None)
+    else:
+        os.environ["NER_CACHE_DIR"] = previous
+
+
+def pytest_collection_modifyitems(config, items):
+    """`gpu` tests need CUDA: skipped, with the reason shown, where there is none."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
+
+
 PEOPLE = ["Ada Lovelace", "Alan Turing", "Grace Hopper", "Marie Curie", "Niels Bohr", "Emmy Noether"]
 PLACES = ["London", "Paris", "New York", "Berlin", "Lisbon", "Cairo"]
 ORGS = ["Acme Corp", "Globex", "Initech", "Umbrella Group", "Stark Industries"]

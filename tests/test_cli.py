@@ -69,6 +69,19 @@ def test_loss_plot_marks_each_epoch_where_it_really_ended(trained, monkeypatch):
     assert drawn == [step for step in epoch_last_steps if step < run.logs[-1]["step"]]
 
 
+def test_metrics_log_real_and_padded_tokens_of_every_update(trained):
+    """What the benchmark reads instead of re-deriving the batch plan: each micro-batch's shape and real tokens."""
+    records = [json.loads(line) for line in (trained / "metrics.jsonl").read_text().splitlines()]
+    logs = [r for r in records if "loss" in r]
+    assert logs and all(r["step"] % 10 == 0 for r in logs)  # --logging-steps 10
+    for record in logs:
+        shapes = record["batch_shapes"]
+        assert len(shapes) == 10  # one micro-batch per update, 10 updates per record
+        assert record["padded_tokens"] == sum(rows * width for rows, width, _ in shapes)
+        assert record["real_tokens"] == sum(real for _, _, real in shapes) < record["padded_tokens"]
+        assert all(rows <= 4 and width % 4 == 0 for rows, width, _ in shapes)  # --batch-size 4, widths rounded
+
+
 def test_predict_json_from_stdin_and_conll_output(trained, tiny_data):
     final = trained / "final"
     import subprocess
@@ -151,6 +164,13 @@ def test_missing_file(tiny_bert, tiny_data, tmp_path, capsys):
     data = {**tiny_data, "validation": tmp_path / "nope.conll"}
     code = train_cli.main(tiny_args(tiny_bert, data, tmp_path / "out"))
     assert_clean_failure(code, capsys.readouterr().err, tmp_path / "out", f"{tmp_path / 'nope.conll'}: file not found")
+
+
+def test_model_folder_that_does_not_exist(tiny_data, tmp_path, capsys):
+    missing = tmp_path / "no" / "such" / "folder"
+    code = train_cli.main(tiny_args(missing, tiny_data, tmp_path / "out"))
+    assert_clean_failure(code, capsys.readouterr().err, tmp_path / "out",
+                         f"--model {missing}: folder does not exist")
 
 
 def test_validation_label_unseen_in_training(tiny_bert, tiny_data, tmp_path, capsys):

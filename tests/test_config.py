@@ -79,6 +79,21 @@ def test_auto_defaults_follow_the_measured_rules():
     assert auto_learning_rate(384) == 2e-4 and auto_learning_rate(768) == 5e-5
 
 
+def test_auto_values_resolve_into_a_new_config_once(caplog):
+    from ner.config import resolve_auto
+
+    caplog.set_level("INFO", logger="ner")
+    given = TrainConfig()
+    resolved = resolve_auto(given, hidden_size=768, updates_per_epoch=300, device_type="cuda")
+    assert (resolved.learning_rate, resolved.num_epochs, resolved.attn_implementation) == (5e-5, 5, "sdpa")
+    assert (given.learning_rate, given.num_epochs, given.attn_implementation) == (0.0, 0, "auto")  # untouched
+    assert "--learning-rate auto: 5e-05 (hidden size 768)" in caplog.text
+    on_cpu = resolve_auto(TrainConfig(learning_rate=3e-5, num_epochs=2), hidden_size=384, updates_per_epoch=29,
+                          device_type="cpu")
+    assert (on_cpu.learning_rate, on_cpu.num_epochs, on_cpu.attn_implementation) == (3e-5, 2, "eager")
+    assert resolve_auto(resolved, hidden_size=384, updates_per_epoch=1, device_type="cpu") == resolved
+
+
 def test_remote_code_is_off_unless_asked():
     assert TrainConfig().trust_remote_code is False
     assert parse_config(["--trust-remote-code"])[0].trust_remote_code is True

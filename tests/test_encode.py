@@ -9,7 +9,15 @@ from hypothesis import strategies as st
 
 from ner.batching import TokenBudgetBatchSampler, inference_batches
 from ner.data import Example
-from ner.encode import IGNORE_INDEX, collate, encode_examples, merge_predictions, plan_windows, predicted_words
+from ner.encode import (
+    IGNORE_INDEX,
+    cached_encode,
+    collate,
+    encode_examples,
+    merge_predictions,
+    plan_windows,
+    predicted_words,
+)
 
 LABELS = ["O", "B-LOC", "I-LOC", "B-PER", "I-PER"]
 LABEL2ID = {label: i for i, label in enumerate(LABELS)}
@@ -123,3 +131,24 @@ def test_collate_rounds_the_width_and_masks_the_extra_padding(tokenizer):
         assert (rounded[key][:, :width] == exact[key]).all()
     assert rounded["attention_mask"][:, width:].sum() == 0 and (rounded["labels"][:, width:] == IGNORE_INDEX).all()
     assert (rounded["word_index"][:, width:] == -1).all()
+
+
+def test_tokenisation_cache_is_keyed_by_the_encoding_code(tokenizer, tmp_path, monkeypatch):
+    import ner.encode
+
+    examples = [Example(["Ada", "visited", "London"], ["B-PER", "O", "B-LOC"], "x")]
+    first = cached_encode(examples, tokenizer, LABEL2ID, 32, cache_dir=tmp_path)
+    assert cached_encode(examples, tokenizer, LABEL2ID, 32, cache_dir=tmp_path) == first
+    assert len(list(tmp_path.glob("*.npz"))) == 1  # the second call was a hit
+    monkeypatch.setattr(ner.encode, "_encoder_source_digest", lambda: "the encoding code after an edit")
+    cached_encode(examples, tokenizer, LABEL2ID, 32, cache_dir=tmp_path)
+    assert len(list(tmp_path.glob("*.npz"))) == 2  # a miss: the old entry is not trusted
+
+
+def test_tests_use_a_private_tokenisation_cache(private_tokenization_cache):
+    from pathlib import Path
+
+    from ner.config import tokenization_cache_dir
+
+    assert tokenization_cache_dir("auto") == private_tokenization_cache / "features"
+    assert not tokenization_cache_dir("auto").is_relative_to(Path.home() / ".cache")

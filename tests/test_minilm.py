@@ -24,6 +24,7 @@ def test_readme_starts_with_two_setup_commands_and_ci_runs_the_second():
     assert tests in (ROOT / ".ci" / "run").read_text().splitlines()
 
 
+@pytest.mark.slow
 def test_the_main_job_trains_the_packaged_minilm_and_exports_a_pipeline_model(tmp_path):
     """README line 1's `python -m ner.train`, shortened with --max-steps so the suite stays fast."""
     command = setup_commands()[0].split("&&")[-1].split()

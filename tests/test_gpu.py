@@ -1,0 +1,29 @@
+"""On a CUDA GPU: training runs there, and its export tags the same on the GPU and the CPU.
+
+Marked `gpu`: skipped (with the reason shown) where torch sees no CUDA device. The full GPU
+check (every backend, the benchmark, the CoNLL recipe) is `scripts/gpu_check.sh`.
+"""
+
+from __future__ import annotations
+
+import pytest
+from conftest import python_module, read_state, run_cli, tiny_args
+
+from ner.checkpoint import list_checkpoints
+from ner.data import read_conll
+
+pytestmark = pytest.mark.gpu
+
+
+def test_trains_on_cuda_and_its_export_tags_the_same_on_cpu(tiny_bert, tiny_data, tmp_path):
+    from ner.infer import Tagger
+
+    out = tmp_path / "run"
+    result = run_cli(python_module("ner.train", *tiny_args(tiny_bert, tiny_data, out, "--max-steps", "8")))
+    assert result.returncode == 0, result.stderr[-3000:]
+    state = read_state(list_checkpoints(out)[-1])
+    assert state["config"]["attn_implementation"] == "sdpa"  # auto resolved for the GPU
+    examples = read_conll(tiny_data["validation"])
+    on_gpu, _ = Tagger(out / "final", device="cuda", precision="no").tag(examples)
+    on_cpu, _ = Tagger(out / "final", device="cpu", precision="no").tag(examples)
+    assert on_gpu == on_cpu

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
+from ner.backends import Backend
 from ner.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -101,7 +102,7 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_checkpoint(backend, output_dir: Path, step: int, model, tokenizer, optimizer, scheduler,
+def save_checkpoint(backend: Backend, output_dir: Path, step: int, model, tokenizer, optimizer, scheduler,
                     trainer_state: dict) -> Path:
     """Collective: every rank calls it. Returns the final folder."""
     root = checkpoint_root(output_dir)
@@ -221,14 +222,14 @@ def check_compatible(saved: dict, config: dict, label_list: list[str], world_siz
                         + "\n  ".join(differences))
 
 
-def load_weights(backend, folder: Path, model) -> None:
+def load_weights(backend: Backend, folder: Path, model) -> None:
     weights = load_file(folder / "model" / "model.safetensors", device="cpu")
     missing, unexpected = backend.unwrap_model(model).load_state_dict(weights, strict=False)
     if missing or unexpected:
         raise UserError(f"{folder}: weights do not fit the model (missing {missing}, unexpected {unexpected})")
 
 
-def load_checkpoint(backend, folder: Path, model, optimizer, scheduler) -> dict:
+def load_checkpoint(backend: Backend, folder: Path, model, optimizer, scheduler) -> dict:
     """Restore weights, optimizer, scheduler and this rank's RNG; returns the trainer state."""
     load_weights(backend, folder, model)
     optimizer.load_state_dict(torch.load(folder / "optimizer.pt", map_location="cpu", weights_only=True))

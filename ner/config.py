@@ -25,7 +25,7 @@ from ner.errors import UserError
 log = logging.getLogger("ner")
 
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
-PAD_TO_MULTIPLE_OF = 4  # batch widths; measured on CPU (README: Performance)
+PAD_TO_MULTIPLE_OF = 4  # batch widths; measured on CPU (docs/performance.md)
 BACKENDS = ("accelerate", "raw-ddp", "data-parallel")
 
 
@@ -72,7 +72,7 @@ class TrainConfig:
         4096, "padded tokens per device per micro-batch (length-aware batching); 0: fixed --batch-size")
     pad_to_multiple_of: int = _opt(
         PAD_TO_MULTIPLE_OF, "round each batch's padded length up to a multiple of this: fewer distinct "
-        "shapes for the kernel caches, so less memory and warm-up (README: Performance); 1: longest row only")
+        "shapes for the kernel caches, so less memory and warm-up (docs/performance.md); 1: longest row only")
     gradient_accumulation_steps: int = _opt(1, "micro-batches per optimizer update")
     learning_rate: float = _opt(
         0.0, "peak learning rate after warmup; 0: auto, 2e-4 for encoders of hidden size <= 512 "

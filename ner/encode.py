@@ -124,7 +124,7 @@ def padded_lengths(features: list[Feature], pad_to_multiple_of: int) -> list[int
 
 def collate(features: list[Feature], pad_token_id: int, pad_to_multiple_of: int = 1) -> dict[str, torch.Tensor]:
     # Rounding the width keeps the number of distinct batch shapes small: CPU kernels (oneDNN) are
-    # built and cached per shape, which costs time and memory for every new one (README: Performance).
+    # built and cached per shape, which costs time and memory for every new one (docs/performance.md).
     longest = padded_length(max(len(f.input_ids) for f in features), pad_to_multiple_of)
     shape = (len(features), longest)
     input_ids = np.full(shape, pad_token_id, dtype=np.int64)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import sys
 
-from ner.backends import launch
+from ner.backends import Backend, launch
 from ner.config import parse_config
 from ner.errors import cli
 from ner.run import run
@@ -29,7 +29,7 @@ class Worker:
     def __init__(self, cfg) -> None:
         self.cfg = cfg
 
-    def __call__(self, backend) -> None:
+    def __call__(self, backend: Backend) -> None:
         run(self.cfg, backend)
 
 

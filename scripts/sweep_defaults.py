@@ -19,14 +19,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from ner.data import read_conll, write_conll
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
-from bench import read_conll_sentences, write_conll  # noqa: E402  one CoNLL slicer for both scripts
 
 
 def slice_conll(src: Path, dst: Path, sentences: int) -> Path:
     """The first `sentences` sentences of a CoNLL file, as the benchmark slices them."""
-    return write_conll(read_conll_sentences(src, sentences), dst)
+    return write_conll(dst, read_conll(src)[:sentences])
 
 
 def train_once(train: Path, valid: Path, options: dict, workdir: Path) -> dict:

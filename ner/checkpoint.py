@@ -44,7 +44,8 @@ RESUME_MAY_CHANGE = {"output_dir", "resume", "quiet", "logging_steps", "eval_ste
                      "no_eval", "validation_file", "test_file", "max_steps", "num_epochs", "report_to",
                      "attn_implementation"}
 # Options added after checkpoints were first written: a checkpoint without one ran with this value.
-ADDED_LATER = {"pad_to_multiple_of": 1}
+ADDED_LATER = {"pad_to_multiple_of": 1, "context": "none", "context_tokens": 0, "document_column": "document",
+               "decode": "argmax"}
 
 
 def checkpoint_root(output_dir: Path) -> Path:

@@ -49,7 +49,15 @@ class TrainConfig:
     convert_tags_to: str = _opt("none", "convert tags before training", choices=("none", "iob2", "iobes"))
     max_seq_length: int = _opt(
         128, "subword tokens per window incl. [CLS]/[SEP]; longer sentences become overlapping windows")
-    window_stride_words: int = _opt(0, "words shared by consecutive windows (0: a quarter of the window)")
+    window_stride_words: int = _opt(0, "words shared by consecutive windows of one long sentence "
+                                    "(0: a quarter of the window)")
+    context: str = _opt(
+        "auto", "document context: encode each sentence with neighbouring words of its document "
+        "(CoNLL -DOCSTART-, a JSONL/datasets `document` field); auto: document when the training data "
+        "has two or more documents, else none", choices=("auto", "document", "none"))
+    context_tokens: int = _opt(0, "with document context, subword tokens of context guaranteed on each side "
+                                  "of every predicted word; 0: max-seq-length / 8")
+    document_column: str = _opt("document", "JSONL field / `datasets` column holding each sentence's document id")
     label_all_subwords: bool = _opt(False, "train on every subword, not only the first of each word")
     # model
     model: str = _opt(DEFAULT_MODEL, "hub id or local folder of a pretrained encoder (MiniLM is packaged offline)")
@@ -82,6 +90,9 @@ class TrainConfig:
     lr_scheduler: str = _opt("linear", "decay after warmup", choices=("linear", "cosine", "constant"))
     max_grad_norm: float = _opt(1.0, "clip gradients to this global L2 norm; 0: no clipping")
     seed: int = _opt(42, "seed for weights of the new head, dropout and data order")
+    decode: str = _opt("viterbi", "tags from per-word scores: viterbi (only sequences the tag scheme allows) "
+                       "or argmax; used by evaluation here and by default by ner.predict / ner.evaluate",
+                       choices=("viterbi", "argmax"))
     mixed_precision: str = _opt(
         "auto", "autocast dtype; auto: bf16 where the device supports it, else fp32",
         choices=("auto", "no", "bf16", "fp16"))
@@ -109,7 +120,7 @@ class TrainConfig:
             if getattr(self, name) <= 0:
                 raise UserError(f"--{_flag(name)} must be positive (got {getattr(self, name)})")
         non_negative = ("max_tokens", "eval_steps", "save_steps", "logging_steps", "save_total_limit",
-                        "weight_decay", "max_grad_norm", "nproc", "window_stride_words")
+                        "weight_decay", "max_grad_norm", "nproc", "window_stride_words", "context_tokens")
         for name in non_negative:
             if getattr(self, name) < 0:
                 raise UserError(f"--{_flag(name)} must be zero or more (got {getattr(self, name)})")
@@ -122,6 +133,9 @@ class TrainConfig:
         if self.max_seq_length < 8:
             raise UserError(f"--max-seq-length {self.max_seq_length} is too small: "
                             "a window needs [CLS], [SEP] and a few words (use 8 or more)")
+        if 2 * self.context_tokens >= self.max_seq_length - 2:
+            raise UserError(f"--context-tokens {self.context_tokens} leaves no room in a window of "
+                            f"--max-seq-length {self.max_seq_length} (use less than {(self.max_seq_length - 2) // 2})")
         if self.dist_timeout <= 0:
             raise UserError(f"--dist-timeout must be positive seconds (got {self.dist_timeout})")
         return self
@@ -167,6 +181,17 @@ def resolve_auto(cfg: TrainConfig, *, hidden_size: int, updates_per_epoch: int, 
         chosen["attn_implementation"] = auto_attention(device_type)
         log.info("--attn-implementation auto: %s (on %s)", chosen["attn_implementation"], device_type)
     return dataclasses.replace(cfg, **chosen)
+
+
+def resolve_context(cfg: TrainConfig, train_has_documents: bool) -> TrainConfig:
+    """--context auto -> document or none, by what the training data holds; said in the log."""
+    chosen = cfg.context
+    if chosen == "auto":
+        chosen = "document" if train_has_documents else "none"
+        why = "has two or more documents" if train_has_documents else "has fewer than two documents"
+        log.info("--context auto: %s (the training data %s)", chosen, why)
+    tokens = cfg.context_tokens or cfg.max_seq_length // 8 if chosen == "document" else cfg.context_tokens
+    return dataclasses.replace(cfg, context=chosen, context_tokens=tokens)
 
 
 def with_sample_data(cfg: TrainConfig) -> TrainConfig:

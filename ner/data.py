@@ -28,22 +28,36 @@ class Example:
     tags: list[str]
     source: str  # file the sentence came from
     lines: list[int] | None = None  # 1-based line of each word, for error messages
+    document: str | int | None = None  # consecutive examples with the same value form one document
 
     def where(self, i: int) -> tuple[str, int | None]:
         return self.source, (self.lines[i] if self.lines else None)
 
 
-def read_examples(path: str | Path, tokens_column: str = "tokens", tags_column: str = "tags",
-                  split: str = "train") -> list[Example]:
+@dataclass(frozen=True)
+class Columns:
+    """Where words, tags and (optionally) document ids live in JSON lines and `datasets` rows."""
+
+    tokens: str = "tokens"
+    tags: str = "tags"
+    document: str = "document"
+
+
+def read_examples(path: str | Path, columns: Columns = Columns(), split: str = "train") -> list[Example]:
     """Dispatch on what `path` is: a save_to_disk folder, a JSON-lines file, or CoNLL."""
     path = Path(path)
     if path.is_dir():
-        return read_hf_dataset(str(path), split, tokens_column, tags_column)
+        return read_hf_dataset(str(path), split, columns)
     if not path.exists():
         raise UserError(f"{path}: file not found")
     if path.suffix in (".jsonl", ".json"):
-        return read_jsonl(path, tokens_column, tags_column)
+        return read_jsonl(path, columns)
     return read_conll(path)
+
+
+def has_documents(examples: list[Example]) -> bool:
+    """Two or more documents: a single -DOCSTART- on top of a file marks no boundary between sentences."""
+    return len({e.document for e in examples if e.document is not None}) >= 2
 
 
 def _read_text(path: Path) -> str:
@@ -59,36 +73,39 @@ def _read_text(path: Path) -> str:
         raise at(path, line, f"not UTF-8 (byte 0x{data[exc.start]:02x}); re-save the file as UTF-8") from None
 
 
-def conll_blocks(path: Path) -> Iterator[tuple[list[int], list[list[str]]]]:
-    """(line numbers, columns of each line) per sentence of a CoNLL-style file: blank lines end
-    sentences, -DOCSTART- lines are skipped. The one CoNLL reader; callers check the columns."""
+def conll_blocks(path: Path) -> Iterator[tuple[list[int], list[list[str]], int | None]]:
+    """(line numbers, columns of each line, document number) per sentence of a CoNLL-style file.
+
+    Blank lines end sentences; each -DOCSTART- line starts a new document (numbered from 0; None
+    before the first one). The one CoNLL reader; callers check the columns.
+    """
     lines: list[int] = []
     rows: list[list[str]] = []
+    document: int | None = None
     for line_no, line in enumerate(_read_text(path).splitlines(), start=1):
         columns = line.split()
-        if not columns:
-            if rows:
-                yield lines, rows
-                lines, rows = [], []
-            continue
-        if columns[0] == DOCSTART:
-            continue
-        lines.append(line_no)
-        rows.append(columns)
+        if (not columns or columns[0] == DOCSTART) and rows:
+            yield lines, rows, document
+            lines, rows = [], []
+        if columns and columns[0] == DOCSTART:
+            document = 0 if document is None else document + 1
+        elif columns:
+            lines.append(line_no)
+            rows.append(columns)
     if rows:  # no blank line after the last sentence
-        yield lines, rows
+        yield lines, rows, document
 
 
 def read_conll(path: Path) -> list[Example]:
     """CoNLL columns: word first, tag last."""
     examples: list[Example] = []
-    for lines, rows in conll_blocks(path):
+    for lines, rows, document in conll_blocks(path):
         for line_no, columns in zip(lines, rows):
             if len(columns) < 2:
                 raise at(path, line_no, f"{CONLL_HELP}; got one column {columns[0]!r}")
             if not TAG_PATTERN.match(columns[-1]):
                 raise at(path, line_no, f"{columns[-1]!r} is not a valid tag ({TAG_HELP})")
-        examples.append(Example([c[0] for c in rows], [c[-1] for c in rows], str(path), lines))
+        examples.append(Example([c[0] for c in rows], [c[-1] for c in rows], str(path), lines, document))
     if not examples:
         raise UserError(f"{path}: no sentences found ({CONLL_HELP})")
     return examples
@@ -108,8 +125,14 @@ def write_columns(path: Path, sentences: Iterable[Iterable[tuple[str, ...]]]) ->
 
 
 def write_conll(path: Path, examples: list[Example]) -> Path:
-    """`word<TAB>TAG` lines that read_conll reads back as the same examples."""
-    return write_columns(path, (zip(e.words, e.tags, strict=True) for e in examples))
+    """`word<TAB>TAG` lines that read_conll reads back as the same examples (documents included)."""
+    def sentences() -> Iterator[Iterable[tuple[str, ...]]]:
+        for i, example in enumerate(examples):
+            if example.document is not None and (i == 0 or examples[i - 1].document != example.document):
+                yield [(DOCSTART, "O")]
+            yield zip(example.words, example.tags, strict=True)
+
+    return write_columns(path, sentences())
 
 
 def write_predictions(path: Path, words: list[list[str]], gold: list[list[str]], predicted: list[list[str]]) -> Path:
@@ -121,7 +144,7 @@ def read_predictions(path: Path) -> tuple[list[list[str]], list[list[str]]]:
     """(gold, predicted) tag sequences of a file written by write_predictions."""
     gold: list[list[str]] = []
     predicted: list[list[str]] = []
-    for lines, rows in conll_blocks(path):
+    for lines, rows, _ in conll_blocks(path):
         for line_no, columns in zip(lines, rows):
             if len(columns) < 3:
                 raise at(path, line_no, f"expected 'word<TAB>gold<TAB>predicted', got {' '.join(columns)!r}")
@@ -130,7 +153,7 @@ def read_predictions(path: Path) -> tuple[list[list[str]], list[list[str]]]:
     return gold, predicted
 
 
-def read_jsonl(path: Path, tokens_column: str = "tokens", tags_column: str = "tags") -> list[Example]:
+def read_jsonl(path: Path, columns: Columns = Columns()) -> list[Example]:
     examples = []
     for line_no, line in enumerate(_read_text(path).splitlines(), start=1):
         if not line.strip():
@@ -139,30 +162,32 @@ def read_jsonl(path: Path, tokens_column: str = "tokens", tags_column: str = "ta
             record = json.loads(line)
         except json.JSONDecodeError as exc:
             raise at(path, line_no, f"not valid JSON ({exc.msg}); expected "
-                     f'{{"{tokens_column}": [...], "{tags_column}": [...]}}') from None
-        examples.append(_example_from_record(record, str(path), line_no, tokens_column, tags_column))
+                     f'{{"{columns.tokens}": [...], "{columns.tags}": [...]}}') from None
+        examples.append(_example_from_record(record, str(path), line_no, columns))
     if not examples:
         raise UserError(f"{path}: no sentences found (expected one JSON object per line)")
     return examples
 
 
-def _example_from_record(record: object, source: str, line_no: int | None,
-                         tokens_column: str, tags_column: str) -> Example:
-    expected = f'expected {{"{tokens_column}": [words], "{tags_column}": [tags]}} of equal length'
+def _example_from_record(record: object, source: str, line_no: int | None, columns: Columns) -> Example:
+    expected = f'expected {{"{columns.tokens}": [words], "{columns.tags}": [tags]}} of equal length'
     if not isinstance(record, dict):
         raise at(source, line_no, expected)
-    words = record.get(tokens_column)
-    tags = record.get(tags_column, record.get("ner_tags"))
+    words = record.get(columns.tokens)
+    tags = record.get(columns.tags, record.get("ner_tags"))
     if not isinstance(words, list) or not isinstance(tags, list) or len(words) != len(tags):
         raise at(source, line_no, expected)
     for tag in tags:
         if not isinstance(tag, str) or not TAG_PATTERN.match(tag):
             raise at(source, line_no, f"{tag!r} is not a valid tag ({TAG_HELP})")
     lines = [line_no] * len(words) if line_no is not None else None
-    return Example([str(w) for w in words], list(tags), source, lines)
+    document = record.get(columns.document)
+    if document is not None and (not isinstance(document, (str, int)) or isinstance(document, bool)):
+        raise at(source, line_no, f'"{columns.document}" must be a string or an integer (got {document!r})')
+    return Example([str(w) for w in words], list(tags), source, lines, document)
 
 
-def read_hf_dataset(name_or_dir: str, split: str, tokens_column: str, tags_column: str) -> list[Example]:
+def read_hf_dataset(name_or_dir: str, split: str, columns: Columns = Columns()) -> list[Example]:
     """A hub dataset (where a hub is reachable) or a folder written by `save_to_disk`."""
     import datasets
 
@@ -177,19 +202,22 @@ def read_hf_dataset(name_or_dir: str, split: str, tokens_column: str, tags_colum
         if split not in loaded:
             raise UserError(f"{name_or_dir}: no '{split}' split (has {', '.join(loaded)})")
         loaded = loaded[split]
+    tags_column = columns.tags
     if tags_column not in loaded.column_names and "ner_tags" in loaded.column_names:
         tags_column = "ner_tags"
-    for column in (tokens_column, tags_column):
+    for column in (columns.tokens, tags_column):
         if column not in loaded.column_names:
             raise UserError(f"{name_or_dir}: no column '{column}' (has {', '.join(loaded.column_names)}); "
                             "set --tokens-column / --tags-column")
     names = getattr(getattr(loaded.features[tags_column], "feature", None), "names", None)
+    with_documents = columns.document in loaded.column_names
     source = f"{name_or_dir}[{split}]"
     examples = []
     for row_no, row in enumerate(loaded):
         tags = [names[t] for t in row[tags_column]] if names else row[tags_column]
-        record = {"tokens": row[tokens_column], "tags": tags}
-        examples.append(_example_from_record(record, source, row_no + 1, "tokens", "tags"))
+        record = {"tokens": row[columns.tokens], "tags": tags,
+                  "document": row[columns.document] if with_documents else None}
+        examples.append(_example_from_record(record, source, row_no + 1, Columns()))
     return examples
 
 
@@ -220,7 +248,7 @@ def to_iob2(tags: list[str]) -> list[str]:
     previous_kind = ""
     for tag in tags:
         prefix, kind = _split_tag(tag)
-        if prefix in "BS" or (prefix == "I" and kind != previous_kind):
+        if prefix in "BS" or (prefix in "IE" and kind != previous_kind):
             out.append(f"B-{kind}")
         elif prefix in "IE":
             out.append(f"I-{kind}")
@@ -249,7 +277,7 @@ def convert_scheme(examples: list[Example], target: str) -> list[Example]:
     if target == "none":
         return examples
     convert = to_iob2 if target == "iob2" else to_iobes
-    return [Example(e.words, convert(e.tags), e.source, e.lines) for e in examples]
+    return [Example(e.words, convert(e.tags), e.source, e.lines, e.document) for e in examples]
 
 
 # ----------------------------------------------------------------------------- labels
@@ -284,17 +312,17 @@ class Splits:
 
 
 def load_splits(train: str | None, validation: str | None, test: str | None, dataset: str | None,
-                tag_scheme: str, convert_to: str, tokens_column: str, tags_column: str) -> Splits:
+                tag_scheme: str, convert_to: str, columns: Columns = Columns()) -> Splits:
     """Read every split, settle the tag scheme once, convert where asked."""
     def read(path: str | None, split: str) -> list[Example] | None:
         if path is None:
             return None
-        return read_examples(path, tokens_column, tags_column, split)
+        return read_examples(path, columns, split)
 
     if dataset:
-        splits = [read_hf_dataset(dataset, "train", tokens_column, tags_column),
-                  read(validation, "validation") or _optional_split(dataset, "validation", tokens_column, tags_column),
-                  read(test, "test") or _optional_split(dataset, "test", tokens_column, tags_column)]
+        splits = [read_hf_dataset(dataset, "train", columns),
+                  read(validation, "validation") or _optional_split(dataset, "validation", columns),
+                  read(test, "test") or _optional_split(dataset, "test", columns)]
     else:
         splits = [read(train, "train"), read(validation, "validation"), read(test, "test")]
     scheme = detect_scheme(splits[0]) if tag_scheme == "auto" else tag_scheme
@@ -304,10 +332,10 @@ def load_splits(train: str | None, validation: str | None, test: str | None, dat
     return Splits(splits[0], splits[1], splits[2], scheme)
 
 
-def _optional_split(dataset: str, split: str, tokens_column: str, tags_column: str) -> list[Example] | None:
+def _optional_split(dataset: str, split: str, columns: Columns) -> list[Example] | None:
     """A dataset's validation/test split where it has one; many hub datasets do."""
     try:
-        return read_hf_dataset(dataset, split, tokens_column, tags_column)
+        return read_hf_dataset(dataset, split, columns)
     except UserError as exc:
         if f"no '{split}' split" in str(exc):
             return None

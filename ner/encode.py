@@ -1,8 +1,17 @@
 """Words -> subword windows with first-subword labels, length-aware batches, and the way back.
 
-A sentence longer than `max_seq_length` becomes overlapping windows of whole words. Each word
-is *owned* by exactly one window (the one where it sits furthest from an edge), and only the
-owner's prediction is kept, so every word is predicted and counted exactly once.
+Sentence level (`context=False`): each sentence is encoded alone; one longer than
+`max_seq_length` becomes overlapping windows of whole words, each word *owned* by exactly one
+window (the one where it sits furthest from an edge).
+
+Document context (`context=True`): the words of a document (consecutive examples with the same
+`document`) are cut into consecutive *cores* of up to `max_seq_length - 2 - 2 x context_tokens`
+subword tokens; each window is its core widened with the neighbouring words of the same document
+up to `max_seq_length`, at least `context_tokens` on each side where the document has them. The
+core's words are owned and labelled; the context words carry IGNORE_INDEX and are never scored.
+
+Either way only the owner's prediction is kept, so every word is predicted and counted once.
+Positions carry the word's *flat* index (its offset among all words of all examples).
 """
 
 from __future__ import annotations
@@ -26,8 +35,8 @@ MODEL_INPUTS = ("input_ids", "attention_mask")  # the batch keys the model takes
 class Feature:
     input_ids: list[int]
     labels: list[int]  # IGNORE_INDEX where no loss is taken
-    word_index: list[int]  # sentence word predicted at this position, -1 elsewhere
-    example_index: int
+    word_index: list[int]  # flat index of the word predicted at this position, -1 elsewhere
+    example_index: int  # the example of the window's first owned word
 
 
 def word_pieces(words_batch: list[list[str]], tokenizer) -> list[list[list[int]]]:
@@ -68,35 +77,88 @@ def plan_windows(piece_counts: list[int], budget: int, stride_words: int) -> lis
     return owned
 
 
+def plan_context_windows(piece_counts: list[int], budget: int, context_tokens: int) -> list[tuple[int, int, int, int]]:
+    """(start, end, own_start, own_end): consecutive owned cores, each widened by context to `budget`."""
+    core_budget = max(budget - 2 * context_tokens, 1)
+    n = len(piece_counts)
+    windows = []
+    own_start = 0
+    while own_start < n:
+        own_end, used = own_start, 0
+        while own_end < n and (used + piece_counts[own_end] <= core_budget or own_end == own_start):
+            used += piece_counts[own_end]
+            own_end += 1
+        start, end = own_start, own_end
+        # Left context first (up to half of what is left), then right, then left again at a document's end.
+        for side, share in (("left", (budget - used) // 2), ("right", budget), ("left", budget)):
+            room = min(share, budget - used)
+            while side == "left" and start > 0 and piece_counts[start - 1] <= room:
+                start -= 1
+                room -= piece_counts[start]
+                used += piece_counts[start]
+            while side == "right" and end < n and piece_counts[end] <= room:
+                room -= piece_counts[end]
+                used += piece_counts[end]
+                end += 1
+        windows.append((start, end, own_start, own_end))
+        own_start = own_end
+    return windows
+
+
+def runs_of(examples: list[Example], by_document: bool) -> list[range]:
+    """Example index ranges encoded together: documents (consecutive, same id) or single sentences."""
+    runs: list[range] = []
+    start = 0
+    for i in range(1, len(examples) + 1):
+        if (i == len(examples) or not by_document or examples[i].document is None
+                or examples[i].document != examples[start].document):
+            runs.append(range(start, i))
+            start = i
+    return runs
+
+
 def encode_examples(examples: list[Example], tokenizer, label2id: dict[str, int], max_seq_length: int,
-                    stride_words: int = 0, label_all_subwords: bool = False,
-                    chunk_size: int = 2048) -> list[Feature]:
+                    stride_words: int = 0, label_all_subwords: bool = False, context: bool = False,
+                    context_tokens: int = 0, chunk_size: int = 2048) -> list[Feature]:
     """Tokenise once (in chunks, through the fast tokenizer) and cut windows."""
     budget = max_seq_length - 2  # [CLS] and [SEP]
     continuation = _continuation_labels(label2id) if label_all_subwords else None
-    features: list[Feature] = []
+    pieces: list[list[int]] = []
     for chunk_start in range(0, len(examples), chunk_size):
         chunk = examples[chunk_start:chunk_start + chunk_size]
-        for offset, pieces in enumerate(word_pieces([e.words for e in chunk], tokenizer)):
-            example_index = chunk_start + offset
-            tag_ids = [label2id.get(tag, IGNORE_INDEX) for tag in examples[example_index].tags]
-            pieces = [p[:budget] for p in pieces]  # a single word longer than a window keeps its head
-            for window in plan_windows([len(p) for p in pieces], budget, stride_words):
-                features.append(_window_feature(pieces, tag_ids, window, example_index, tokenizer, continuation))
+        for sentence in word_pieces([e.words for e in chunk], tokenizer):
+            pieces.extend(p[:budget] for p in sentence)  # a single word longer than a window keeps its head
+    tag_ids = [label2id.get(tag, IGNORE_INDEX) for e in examples for tag in e.tags]
+    offsets = np.cumsum([0] + [len(e.words) for e in examples]).tolist()
+    word_example = np.repeat(np.arange(len(examples)), np.diff(offsets)).tolist()
+    features: list[Feature] = []
+    for run in runs_of(examples, context):
+        first, last = offsets[run.start], offsets[run.stop]
+        counts = [len(p) for p in pieces[first:last]]
+        plan = (plan_context_windows(counts, budget, context_tokens or max_seq_length // 8) if context
+                else plan_windows(counts, budget, stride_words))
+        for start, end, own_start, own_end in plan:
+            window = (first + start, first + end, first + own_start, first + own_end)
+            example = word_example[first + own_start] if own_start < own_end else run.start  # an empty sentence
+            features.append(_window_feature(pieces, tag_ids, window, example, tokenizer, continuation,
+                                            label_context=not context))
     return features
 
 
-def _window_feature(pieces, tag_ids, window, example_index, tokenizer, continuation) -> Feature:
+def _window_feature(pieces, tag_ids, window, example_index, tokenizer, continuation, label_context) -> Feature:
+    """[CLS] words [SEP]; owned words predicted; context words labelled only at sentence level
+    (where they are the same sentence's overlap, as before document context existed)."""
     start, end, own_start, own_end = window
     input_ids = [tokenizer.cls_token_id]
     labels = [IGNORE_INDEX]
     word_index = [-1]
     for w in range(start, end):
+        owned = own_start <= w < own_end
         input_ids.extend(pieces[w])
-        first = tag_ids[w]
+        first = tag_ids[w] if owned or label_context else IGNORE_INDEX
         rest = IGNORE_INDEX if continuation is None else continuation.get(first, first)
         labels.extend([first] + [rest] * (len(pieces[w]) - 1))
-        word_index.extend([w if own_start <= w < own_end else -1] + [-1] * (len(pieces[w]) - 1))
+        word_index.extend([w if owned else -1] + [-1] * (len(pieces[w]) - 1))
     input_ids.append(tokenizer.sep_token_id)
     labels.append(IGNORE_INDEX)
     word_index.append(-1)
@@ -144,24 +206,22 @@ def collate(features: list[Feature], pad_token_id: int, pad_to_multiple_of: int 
     }
 
 
-def predicted_words(word_index: torch.Tensor, example_index: torch.Tensor,
-                    predicted: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(sentence, word, label id) for every owned word position of a batch, as flat arrays."""
+def owned_positions(word_index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rows, columns) of the positions a batch predicts, and the flat word index of each."""
     rows, cols = torch.nonzero(word_index >= 0, as_tuple=True)
-    return (example_index[rows].cpu().numpy(), word_index[rows, cols].cpu().numpy(),
-            predicted[rows, cols].cpu().numpy())
+    return (rows, cols), word_index[rows, cols]
 
 
-def merge_predictions(examples: list[Example], sentence_ids: np.ndarray, word_ids: np.ndarray,
-                      label_ids: np.ndarray, id2label: dict[int, str]) -> list[list[str]]:
-    """Flat (sentence, word, label) triples from all windows -> one tag per word (vectorised)."""
+def merge_predictions(examples: list[Example], word_ids: np.ndarray, values: np.ndarray) -> list[np.ndarray]:
+    """Per-word values (label ids, or rows of log-probabilities) from all windows -> one array per sentence."""
     offsets = np.cumsum([0] + [len(e.words) for e in examples])
-    flat = np.full(offsets[-1], -1, dtype=np.int64)
-    flat[offsets[sentence_ids] + word_ids] = label_ids
-    if (flat < 0).any():
-        raise RuntimeError("some words got no prediction: a windowing bug")
-    names = np.array([id2label[i] for i in range(len(id2label))], dtype=object)[flat].tolist()
-    return [names[offsets[i]:offsets[i + 1]] for i in range(len(examples))]
+    seen = np.zeros(offsets[-1], dtype=bool)
+    seen[word_ids] = True
+    if not seen.all() or len(word_ids) != offsets[-1]:
+        raise RuntimeError("a word got no prediction, or two: a windowing bug")
+    flat = np.empty((offsets[-1], *values.shape[1:]), dtype=values.dtype)
+    flat[word_ids] = values
+    return [flat[offsets[i]:offsets[i + 1]] for i in range(len(examples))]
 
 
 def _encoder_source_digest() -> str:
@@ -177,24 +237,27 @@ def _cache_key(examples: list[Example], tokenizer, settings: dict) -> str:
     for example in examples:
         digest.update("\x1f".join(example.words).encode())
         digest.update("\x1e".join(example.tags).encode())
+        digest.update(f"\x1d{example.document}".encode())
     return digest.hexdigest()[:32]
 
 
 def cached_encode(examples: list[Example], tokenizer, label2id: dict[str, int], max_seq_length: int,
-                  stride_words: int = 0, label_all_subwords: bool = False,
-                  cache_dir: Path | None = None) -> list[Feature]:
+                  stride_words: int = 0, label_all_subwords: bool = False, context: bool = False,
+                  context_tokens: int = 0, cache_dir: Path | None = None) -> list[Feature]:
     """encode_examples, memoised on disk by a hash of the data, tokenizer and settings."""
     settings = {"label2id": label2id, "max_seq_length": max_seq_length, "stride": stride_words,
-                "all_subwords": label_all_subwords}
+                "all_subwords": label_all_subwords, "context": context, "context_tokens": context_tokens}
     if cache_dir is None:
-        return encode_examples(examples, tokenizer, label2id, max_seq_length, stride_words, label_all_subwords)
+        return encode_examples(examples, tokenizer, label2id, max_seq_length, stride_words, label_all_subwords,
+                               context, context_tokens)
     path = Path(cache_dir) / f"{_cache_key(examples, tokenizer, settings)}.npz"
     if path.is_file():
         try:
             return _load_features(path)
         except (OSError, ValueError, KeyError):
             pass  # a damaged cache entry is rebuilt, never trusted
-    features = encode_examples(examples, tokenizer, label2id, max_seq_length, stride_words, label_all_subwords)
+    features = encode_examples(examples, tokenizer, label2id, max_seq_length, stride_words, label_all_subwords,
+                               context, context_tokens)
     _save_features(path, features)
     return features
 

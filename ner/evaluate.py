@@ -49,11 +49,6 @@ class Row:
                                                 else "wrong span and type")
 
 
-def scheme_of(label2id: dict[str, int]) -> str:
-    """IOBES models are scored strictly; IOB1/IOB2 with seqeval's default (conlleval) mode."""
-    return "iobes" if any(label[:2] in ("E-", "S-") for label in label2id) else "iob2"
-
-
 def side_by_side(gold: list[str], predicted: list[str]) -> list[Row]:
     """Exact matches and overlapping spans share a row; the rest stand alone; in sentence order."""
     gold_spans = set(get_entities(gold))
@@ -120,7 +115,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("file", type=Path, help="CoNLL file with gold tags (word ... TAG)")
     parser.add_argument("--worst", type=int, default=10, metavar="N", help="worst sentences to show (default: 10)")
     parser.add_argument("--json", type=Path, metavar="OUT.json", help="also write scores and worst sentences here")
-    parser.add_argument("--max-seq-length", type=int, default=128, help="tokens per window (default: 128)")
+    parser.add_argument("--max-seq-length", type=int, default=None,
+                        help="tokens per window (default: the value the model was trained with)")
+    parser.add_argument("--context", choices=("auto", "document", "none"), default="auto",
+                        help="document context (default auto: where the model was trained with it and the "
+                             "input has documents, e.g. CoNLL -DOCSTART- lines)")
+    parser.add_argument("--decode", choices=("viterbi", "argmax"), default=None,
+                        help="viterbi: only tag sequences the scheme allows; argmax: best tag per word "
+                             "(default: what the model was trained with, viterbi for new models)")
     parser.add_argument("--batch-size", type=int, default=64, help="sentences per batch at most (default: 64)")
     parser.add_argument("--mixed-precision", choices=("auto", "no", "bf16"), default="auto",
                         help="autocast dtype (default: auto, bf16 where supported)")
@@ -138,12 +140,13 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError(f"{args.file}: file not found")
     from ner.infer import Tagger  # after the cheap checks: loading torch + transformers takes seconds
 
-    tagger = Tagger(args.model_dir, precision=args.mixed_precision, max_seq_length=args.max_seq_length)
+    tagger = Tagger(args.model_dir, precision=args.mixed_precision, max_seq_length=args.max_seq_length,
+                    context=args.context, decode=args.decode)
     examples = read_conll(args.file)
     check_known_labels(examples, tagger.label2id)
     predicted, _ = tagger.tag(examples, args.batch_size)
     gold = [e.tags for e in examples]
-    scheme = scheme_of(tagger.label2id)
+    scheme = tagger.decoder.scheme
     scores = entity_scores(gold, predicted, scheme)
     print(f"{args.file}: {len(examples)} sentences, model {args.model_dir}, entity-level (seqeval, {scheme})\n")
     print(classification_report(gold, predicted, digits=4, zero_division=0, **seqeval_kwargs(scheme)))

@@ -139,6 +139,11 @@ def _usage_section(args: dict) -> str:
         "tagger = pipeline(\"token-classification\", model=\"PATH/TO/THIS/FOLDER\", aggregation_strategy=\"simple\")\n"
         "print(tagger(\"Angela Merkel visited Paris with Siemens.\"))\n"
         "# [{'entity_group': 'PER', 'score': ..., 'word': ..., 'start': 0, 'end': 13}, ...]\n```\n\n"
+        "`pipeline` decodes each token by argmax. The `ner` tools below decode with "
+        f"`{args.get('decode', 'argmax')}`"
+        + (" (only tag sequences the scheme allows)" if args.get("decode") == "viterbi" else "")
+        + (" and tag CoNLL files with `-DOCSTART-` documents with document context, as in training"
+           if args.get("context") == "document" else "") + ".\n\n"
         "With the `ner` tool (words split on spaces, one JSON line per sentence; `--conll` tags a CoNLL file):\n"
         "```bash\necho \"Angela Merkel visited Paris\" | python -m ner.predict PATH/TO/THIS/FOLDER\n"
         "python -m ner.predict PATH/TO/THIS/FOLDER sentences.txt\n"

@@ -152,7 +152,7 @@ class RunHooks:
         if eval_set is None or self.cfg.no_eval:
             return None
         predicted = predict_tags(self.model, eval_set, self.backend, self.data.tokenizer.pad_token_id,
-                                 dict(enumerate(self.data.label_list)), self._progress)
+                                 self.data.decoder, self._progress)
         scores = entity_scores([e.tags for e in eval_set.examples], predicted, self.data.splits.scheme)
         state.eval_history.append({"step": state.global_step, "epoch": state.epoch, "scores": scores})
         self._write({"step": state.global_step, "epoch": state.epoch, "eval": scores})

@@ -1,7 +1,8 @@
 """The one inference path: batched forward, argmax, windows merged back to words.
 
 Training's evaluation (`predict_tags` / `evaluate`, sharded over ranks), `ner.predict`,
-`ner.evaluate` and the benchmarks (`Tagger`, one process) all run `predict_word_labels`.
+`ner.evaluate` and the benchmarks (`Tagger`, one process) all run `predict_word_scores`, then
+the same merge (each word from the window that owns it) and decoding (ner/decode.py).
 
     from ner.infer import Tagger
     tags, probabilities = Tagger("runs/ner/final").tag(examples)
@@ -9,6 +10,8 @@ Training's evaluation (`predict_tags` / `evaluate`, sharded over ranks), `ner.pr
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,15 +22,16 @@ import torch
 from ner.backends import Backend, autocast_for, default_device, resolve_precision
 from ner.batching import inference_batches
 from ner.config import TrainConfig
-from ner.data import Example
+from ner.data import Example, has_documents
+from ner.decode import Decoder, scheme_of_labels
 from ner.encode import (
     MODEL_INPUTS,
     Feature,
     collate,
     encode_examples,
     merge_predictions,
+    owned_positions,
     padded_lengths,
-    predicted_words,
 )
 from ner.errors import UserError
 from ner.metrics import entity_scores
@@ -62,56 +66,80 @@ def build_eval_set(examples: list[Example], features: list[Feature], batch_size:
 
 
 @torch.no_grad()
-def predict_word_labels(model: torch.nn.Module, features: list[Feature], batches: list[list[int]],
+def predict_word_scores(model: torch.nn.Module, features: list[Feature], batches: list[list[int]],
                         device: torch.device, autocast: Callable, pad_token_id: int,
-                        progress: Progress = no_progress, pad_to_multiple_of: int = 1) -> tuple[np.ndarray, ...]:
-    """(sentence, word, label id, probability) for every word the given batches own, flat arrays."""
-    parts = []
+                        progress: Progress = no_progress, pad_to_multiple_of: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """(flat word index, label log-probabilities) of every word the given batches own."""
+    word_ids, scores = [], []
     for indices in progress(batches, desc="predict", leave=False):
         batch = collate([features[i] for i in indices], pad_token_id, pad_to_multiple_of)
         with autocast():
             logits = model(**{k: batch[k].to(device) for k in MODEL_INPUTS}).logits
-        probabilities, predicted = torch.softmax(logits.float(), dim=-1).max(dim=-1)
-        sentence_ids, word_ids, label_ids = predicted_words(batch["word_index"], batch["example_index"],
-                                                            predicted.cpu())
-        word_probs = probabilities.cpu()[batch["word_index"] >= 0].numpy()
-        parts.append((sentence_ids, word_ids, label_ids, word_probs))
-    if not parts:
-        return tuple(np.zeros(0, dtype=dtype) for dtype in (np.int64, np.int64, np.int64, np.float32))
-    return tuple(np.concatenate([p[k] for p in parts]) for k in range(4))
+        (rows, cols), ids = owned_positions(batch["word_index"])
+        word_ids.append(ids.numpy())
+        scores.append(torch.log_softmax(logits.float(), dim=-1)[rows.to(device), cols.to(device)].cpu().numpy())
+    if not word_ids:
+        return np.zeros(0, dtype=np.int64), np.zeros((0, model.config.num_labels), dtype=np.float32)
+    return np.concatenate(word_ids), np.concatenate(scores)
 
 
-def predict_tags(model: torch.nn.Module, eval_set: EvalSet, backend: Backend, pad_token_id: int,
-                 id2label: dict[int, str], progress: Progress = no_progress) -> list[list[str]]:
+def predict_tags(model: torch.nn.Module, eval_set: EvalSet, backend: Backend, pad_token_id: int, decoder: Decoder,
+                 progress: Progress = no_progress) -> list[list[str]]:
     """Tags for every word of every sentence; batches sharded over ranks with no padding."""
     bare = backend.unwrap_model(model)
     was_training = bare.training
     bare.eval()
     my_batches = eval_set.batches[backend.process_index::backend.num_processes]
-    mine = predict_word_labels(bare, eval_set.features, my_batches, backend.device, backend.autocast,
+    mine = predict_word_scores(bare, eval_set.features, my_batches, backend.device, backend.autocast,
                                pad_token_id, progress, eval_set.pad_to_multiple_of)
     bare.train(was_training)
-    gathered = backend.gather_object(mine[:3])  # every sentence's words live in exactly one shard
-    flat = [np.concatenate([part[k] for part in gathered]) for k in range(3)]
-    return merge_predictions(eval_set.examples, *flat, id2label)
+    gathered = backend.gather_object(mine)  # every word is owned by exactly one window, in one shard
+    word_ids, scores = (np.concatenate([part[k] for part in gathered]) for k in range(2))
+    return decoder(merge_predictions(eval_set.examples, word_ids, scores))[0]
 
 
-def evaluate(model: torch.nn.Module, eval_set: EvalSet, backend: Backend, pad_token_id: int,
-             id2label: dict[int, str], scheme: str, progress: Progress = no_progress) -> dict:
-    predicted = predict_tags(model, eval_set, backend, pad_token_id, id2label, progress)
-    return entity_scores([e.tags for e in eval_set.examples], predicted, scheme)
+def evaluate(model: torch.nn.Module, eval_set: EvalSet, backend: Backend, pad_token_id: int, decoder: Decoder,
+             progress: Progress = no_progress) -> dict:
+    predicted = predict_tags(model, eval_set, backend, pad_token_id, decoder, progress)
+    return entity_scores([e.tags for e in eval_set.examples], predicted, decoder.scheme)
 
 
 DEFAULTS = TrainConfig()
 DEFAULT_MAX_SENTENCES, DEFAULT_MAX_TOKENS = inference_batch_limits(DEFAULTS.batch_size, DEFAULTS.max_tokens)
 
 
+@dataclass(frozen=True)
+class ModelSettings:
+    """How an export was trained, so inference encodes and decodes the same way (training_args.json)."""
+
+    max_seq_length: int = DEFAULTS.max_seq_length
+    window_stride_words: int = DEFAULTS.window_stride_words
+    context: str = "none"  # document | none, as resolved at training
+    context_tokens: int = 0
+    tag_scheme: str | None = None
+    decode: str = "viterbi"
+
+    @classmethod
+    def of(cls, model_dir: Path) -> ModelSettings:
+        path = model_dir / "training_args.json"
+        if not path.is_file():  # a folder made by other tools: sentence level, scheme from the labels
+            return cls()
+        saved = json.loads(path.read_text(encoding="utf-8"))
+        names = [f.name for f in dataclasses.fields(cls)]
+        return cls(**{name: saved[name] for name in names if saved.get(name) is not None})
+
+
 class Tagger:
-    """An exported model folder on one device, ready to tag lists of words."""
+    """An exported model folder on one device, ready to tag lists of words.
+
+    Encoding (window size, stride, document context) and decoding follow the export's
+    training_args.json unless overridden: `context="none"` tags sentence by sentence,
+    `decode="argmax"` turns off the valid-sequence constraint.
+    """
 
     def __init__(self, model_dir: str | Path, device: str | None = None, precision: str = "auto",
-                 max_seq_length: int = DEFAULTS.max_seq_length,
-                 pad_to_multiple_of: int = DEFAULTS.pad_to_multiple_of) -> None:
+                 max_seq_length: int | None = None, pad_to_multiple_of: int = DEFAULTS.pad_to_multiple_of,
+                 context: str = "auto", decode: str | None = None) -> None:
         import transformers
         from transformers import AutoModelForTokenClassification, AutoTokenizer
 
@@ -126,21 +154,30 @@ class Tagger:
         self.precision = resolve_precision(precision, self.device)
         self.id2label = {int(k): v for k, v in self.model.config.id2label.items()}
         self.label2id = {v: k for k, v in self.id2label.items()}
-        self.max_seq_length = max_seq_length
+        self.settings = ModelSettings.of(model_dir)
+        self.max_seq_length = max_seq_length or self.settings.max_seq_length
         self.pad_to_multiple_of = pad_to_multiple_of
+        self.context = context
+        labels = tuple(self.id2label[i] for i in range(len(self.id2label)))
+        self.decoder = Decoder(labels, self.settings.tag_scheme or scheme_of_labels(list(labels)),
+                               decode or self.settings.decode)
+
+    def uses_context(self, examples: list[Example]) -> bool:
+        """auto: document context where the model was trained with it and the input has documents."""
+        if self.context == "auto":
+            return self.settings.context == "document" and has_documents(examples)
+        return self.context == "document"
 
     def tag(self, examples: list[Example], max_sentences: int = DEFAULT_MAX_SENTENCES,
             max_tokens: int = DEFAULT_MAX_TOKENS,
             progress: Progress = no_progress) -> tuple[list[list[str]], list[np.ndarray]]:
-        """(tags, per-word probabilities) for each example, batched by length."""
+        """(tags, per-word probabilities of those tags) for each example, batched by length."""
         placeholder = {label: 0 for label in {t for e in examples for t in e.tags}}  # gold tags are not needed
-        features = encode_examples(examples, self.tokenizer, placeholder, self.max_seq_length)
+        features = encode_examples(examples, self.tokenizer, placeholder, self.max_seq_length,
+                                   self.settings.window_stride_words, context=self.uses_context(examples),
+                                   context_tokens=self.settings.context_tokens)
         batches = inference_batches(padded_lengths(features, self.pad_to_multiple_of), max_sentences, max_tokens)
-        sentence_ids, word_ids, label_ids, probs = predict_word_labels(
+        word_ids, scores = predict_word_scores(
             self.model, features, batches, self.device, lambda: autocast_for(self.device, self.precision),
             self.tokenizer.pad_token_id, progress, self.pad_to_multiple_of)
-        tags = merge_predictions(examples, sentence_ids, word_ids, label_ids, self.id2label)
-        offsets = np.cumsum([0] + [len(e.words) for e in examples])
-        flat_probs = np.zeros(offsets[-1], dtype=np.float32)
-        flat_probs[offsets[sentence_ids] + word_ids] = probs
-        return tags, [flat_probs[offsets[i]:offsets[i + 1]] for i in range(len(examples))]
+        return self.decoder(merge_predictions(examples, word_ids, scores))

@@ -71,7 +71,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("file", type=Path, nargs="?", help="input file (default: stdin), one sentence per line")
     parser.add_argument("--conll", action="store_true", help="FILE is CoNLL (word ... TAG); prints a seqeval report")
     parser.add_argument("--format", choices=("json", "conll"), default="json", help="output format (default: json)")
-    parser.add_argument("--max-seq-length", type=int, default=128, help="tokens per window (default: 128)")
+    parser.add_argument("--max-seq-length", type=int, default=None,
+                        help="tokens per window (default: the value the model was trained with)")
+    parser.add_argument("--context", choices=("auto", "document", "none"), default="auto",
+                        help="document context (default auto: where the model was trained with it and the "
+                             "input has documents, e.g. CoNLL -DOCSTART- lines)")
+    parser.add_argument("--decode", choices=("viterbi", "argmax"), default=None,
+                        help="viterbi: only tag sequences the scheme allows; argmax: best tag per word "
+                             "(default: what the model was trained with, viterbi for new models)")
     parser.add_argument("--batch-size", type=int, default=DEFAULT_MAX_SENTENCES,
                         help=f"sentences per batch at most (default: {DEFAULT_MAX_SENTENCES})")
     parser.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
@@ -85,7 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
 @cli
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    tagger = Tagger(args.model_dir, precision=args.mixed_precision, max_seq_length=args.max_seq_length)
+    tagger = Tagger(args.model_dir, precision=args.mixed_precision, max_seq_length=args.max_seq_length,
+                    context=args.context, decode=args.decode)
     examples = read_input(args)
     if args.conll:
         check_known_labels(examples, tagger.label2id)

@@ -20,8 +20,17 @@ from torch.utils.data import DataLoader
 from ner import checkpoint as ckpt
 from ner.backends import Backend
 from ner.batching import TokenBudgetBatchSampler
-from ner.config import TrainConfig, resolve_auto, tokenization_cache_dir, with_sample_data
-from ner.data import Splits, build_label_list, check_known_labels, load_splits, write_predictions
+from ner.config import TrainConfig, resolve_auto, resolve_context, tokenization_cache_dir, with_sample_data
+from ner.data import (
+    Columns,
+    Splits,
+    build_label_list,
+    check_known_labels,
+    has_documents,
+    load_splits,
+    write_predictions,
+)
+from ner.decode import Decoder
 from ner.encode import cached_encode, collate, padded_lengths
 from ner.errors import UserError
 from ner.export import export_checkpoint
@@ -68,12 +77,16 @@ class Prepared:
     tokenizer: object
     train_features: list
     eval_sets: dict[str, EvalSet]
+    decoder: Decoder
 
 
-def prepare_data(cfg: TrainConfig) -> Prepared:
-    """Read and check every input before anything is written (bad input leaves no trace)."""
-    splits = load_splits(cfg.train_file, cfg.validation_file, cfg.test_file, cfg.dataset, cfg.tag_scheme,
-                         cfg.convert_tags_to, cfg.tokens_column, cfg.tags_column)
+def read_data(cfg: TrainConfig) -> Splits:
+    return load_splits(cfg.train_file, cfg.validation_file, cfg.test_file, cfg.dataset, cfg.tag_scheme,
+                       cfg.convert_tags_to, Columns(cfg.tokens_column, cfg.tags_column, cfg.document_column))
+
+
+def prepare_data(cfg: TrainConfig, splits: Splits) -> Prepared:
+    """Check and encode every input before anything is written (bad input leaves no trace)."""
     label_list = build_label_list(splits.train)
     label2id = {label: i for i, label in enumerate(label_list)}
     for examples in (splits.validation, splits.test):
@@ -85,6 +98,7 @@ def prepare_data(cfg: TrainConfig) -> Prepared:
         raise UserError(f"--max-seq-length {cfg.max_seq_length} exceeds what {cfg.model} supports ({limit})")
     encode = partial(cached_encode, tokenizer=tokenizer, label2id=label2id, max_seq_length=cfg.max_seq_length,
                      stride_words=cfg.window_stride_words, label_all_subwords=cfg.label_all_subwords,
+                     context=cfg.context == "document", context_tokens=cfg.context_tokens,
                      cache_dir=tokenization_cache_dir(cfg.tokenization_cache))
     eval_sets = {name: build_eval_set(examples, encode(examples), cfg.batch_size, cfg.max_tokens,
                                       cfg.pad_to_multiple_of)
@@ -92,7 +106,8 @@ def prepare_data(cfg: TrainConfig) -> Prepared:
                  if examples is not None}
     log.info("data: %d train sentences, tag scheme %s, %d labels: %s", len(splits.train), splits.scheme,
              len(label_list), " ".join(label_list))
-    return Prepared(splits, label_list, tokenizer, encode(splits.train), eval_sets)
+    decoder = Decoder(tuple(label_list), splits.scheme, cfg.decode)
+    return Prepared(splits, label_list, tokenizer, encode(splits.train), eval_sets, decoder)
 
 
 def claim_output_dir(cfg: TrainConfig, backend: Backend) -> None:
@@ -131,7 +146,9 @@ def run(cfg: TrainConfig, backend: Backend) -> dict:
     cfg = with_sample_data(cfg)
     set_threads(int(os.environ.get("LOCAL_WORLD_SIZE", backend.num_processes)))
     seed_everything(cfg.seed)
-    data = prepare_data(cfg)
+    splits = read_data(cfg)
+    cfg = resolve_context(cfg, has_documents(splits.train))
+    data = prepare_data(cfg, splits)
     resume_from = ckpt.resolve_resume(cfg.resume, cfg.output_path)
     sampler = TokenBudgetBatchSampler(padded_lengths(data.train_features, cfg.pad_to_multiple_of), cfg.batch_size,
                                       cfg.max_tokens, cfg.seed, shuffle=True, num_replicas=backend.num_processes)
@@ -175,8 +192,7 @@ def write_validation_predictions(cfg: TrainConfig, backend: Backend, model: torc
         return
     predicted = hooks.best_predictions
     if predicted is None:  # the best evaluation happened before a resume: predict with the loaded best model
-        predicted = predict_tags(model, validation, backend, data.tokenizer.pad_token_id,
-                                 dict(enumerate(data.label_list)))
+        predicted = predict_tags(model, validation, backend, data.tokenizer.pad_token_id, data.decoder)
     if backend.is_main_process:
         write_predictions(cfg.output_path / "predictions" / "validation.conll",
                           [e.words for e in validation.examples], [e.tags for e in validation.examples], predicted)
@@ -196,8 +212,7 @@ def finish(cfg: TrainConfig, backend: Backend, model: torch.nn.Module, data: Pre
     metrics = {"validation": hooks.best_scores(), "best_step": state.best_step, "global_step": state.global_step,
                "train_loss_last": state.step_losses[-1] if state.step_losses else None}
     if "test" in data.eval_sets:
-        scores = evaluate(model, data.eval_sets["test"], backend, data.tokenizer.pad_token_id,
-                          dict(enumerate(data.label_list)), data.splits.scheme)
+        scores = evaluate(model, data.eval_sets["test"], backend, data.tokenizer.pad_token_id, data.decoder)
         metrics["test"] = scores
         log.info("test: %s", format_scores(scores))
     write_validation_predictions(cfg, backend, model, data, hooks)

@@ -15,8 +15,9 @@ from ner.encode import (
     collate,
     encode_examples,
     merge_predictions,
+    owned_positions,
+    plan_context_windows,
     plan_windows,
-    predicted_words,
 )
 
 LABELS = ["O", "B-LOC", "I-LOC", "B-PER", "I-PER"]
@@ -31,13 +32,16 @@ def tokenizer(tiny_bert):
     return AutoTokenizer.from_pretrained(tiny_bert)
 
 
-def roundtrip(examples, tokenizer, max_seq_length, label_all=False):
+def roundtrip(examples, tokenizer, max_seq_length, label_all=False, context=False, context_tokens=0):
     """Gold labels through features and back, as if the model predicted them perfectly."""
-    features = encode_examples(examples, tokenizer, LABEL2ID, max_seq_length, label_all_subwords=label_all)
+    features = encode_examples(examples, tokenizer, LABEL2ID, max_seq_length, label_all_subwords=label_all,
+                               context=context, context_tokens=context_tokens)
+    if not features:  # nothing but empty sentences
+        return features, [[] for _ in examples]
     batch = collate(features, tokenizer.pad_token_id)
-    gold = batch["labels"].clamp(min=0)
-    triples = predicted_words(batch["word_index"], batch["example_index"], gold)
-    return features, merge_predictions(examples, *triples, ID2LABEL)
+    (rows, cols), word_ids = owned_positions(batch["word_index"])
+    merged = merge_predictions(examples, word_ids.numpy(), batch["labels"][rows, cols].numpy())
+    return features, [[ID2LABEL[int(i)] for i in sentence] for sentence in merged]
 
 
 def test_first_subword_labelled_rest_ignored(tokenizer):
@@ -152,3 +156,57 @@ def test_tests_use_a_private_tokenisation_cache(private_tokenization_cache):
 
     assert tokenization_cache_dir("auto") == private_tokenization_cache / "features"
     assert not tokenization_cache_dir("auto").is_relative_to(Path.home() / ".cache")
+
+
+# ----------------------------------------------------------------------------- document context
+
+def test_context_windows_give_every_owned_word_context_on_both_sides():
+    counts = [1, 2, 1, 3, 1] * 12  # 60 words, 96 tokens
+    windows = plan_context_windows(counts, budget=20, context_tokens=4)
+    assert [w for _, _, own_start, own_end in windows for w in range(own_start, own_end)] == list(range(60))
+    for start, end, own_start, own_end in windows:
+        assert sum(counts[start:end]) <= 20 and start <= own_start < own_end <= end
+        assert sum(counts[start:own_start]) >= min(4 - 2, sum(counts[:own_start]))  # whole words: within one word
+        assert sum(counts[own_end:end]) >= min(4 - 2, sum(counts[own_end:]))
+    assert len(windows) <= -(-96 // (20 - 2 * 4)) + 1  # cost: about budget / core times the tokens
+
+
+def document(words_per_sentence: list[int], document_id, start: int = 0) -> list[Example]:
+    examples = []
+    for n in words_per_sentence:
+        words = [f"w{start + i}" for i in range(n)]
+        tags = ["B-PER" if (start + i) % 5 == 0 else ("I-PER" if (start + i) % 5 == 1 else "O") for i in range(n)]
+        examples.append(Example(words, tags, "doc", document=document_id))
+        start += n
+    return examples
+
+
+def test_context_reaches_across_sentences_of_one_document_only(tokenizer):
+    examples = document([3, 4, 2], "a") + document([5], "b") + document([2, 2], "c")
+    features, merged = roundtrip(examples, tokenizer, 64, context=True, context_tokens=8)
+    assert merged == [e.tags for e in examples]
+    assert len(features) == 3  # one window per (short) document
+    first_doc = features[0]
+    assert sum(w >= 0 for w in first_doc.word_index) == 9  # 3 sentences owned together
+    for feature in features:  # context never carries a label: labels only where a word is owned
+        for label, word in zip(feature.labels, feature.word_index):
+            assert (label != IGNORE_INDEX) == (word >= 0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(sentences=st.lists(st.integers(min_value=0, max_value=30), min_size=1, max_size=12),
+       documents=st.lists(st.integers(min_value=0, max_value=2), min_size=12, max_size=12),
+       max_seq_length=st.integers(min_value=12, max_value=48), context_tokens=st.integers(min_value=0, max_value=4))
+def test_property_every_word_predicted_once_with_context(tokenizer, sentences, documents, max_seq_length,
+                                                         context_tokens):
+    """Documents longer than a window, sentences longer than a window, one-sentence documents, empty ones."""
+    examples, start = [], 0
+    for n, doc in zip(sentences, documents):
+        examples += document([n], doc, start)
+        start += n
+    features, merged = roundtrip(examples, tokenizer, max_seq_length, context=True, context_tokens=context_tokens)
+    assert merged == [e.tags for e in examples]
+    assert all(len(f.input_ids) <= max_seq_length for f in features)
+    for feature in features:
+        for label, word in zip(feature.labels, feature.word_index):
+            assert (label != IGNORE_INDEX) == (word >= 0)

@@ -1,0 +1,90 @@
+"""Per-word label scores -> tags: argmax, or Viterbi restricted to sequences the tag scheme allows.
+
+Argmax can emit `O I-PER` or `B-PER I-LOC`, which no scheme allows. Viterbi picks the most
+probable sequence among the valid ones (Lester et al., 2020: as good as a CRF, at no training
+cost). It only masks transitions, so wherever argmax is already valid the two agree.
+
+    IOB2   I-X only after B-X or I-X.
+    IOB1   B-X only after B-X or I-X (it separates two adjacent entities of one type); I-X anywhere.
+    IOBES  B-X and I-X go on to I-X or E-X; E-X, S-X and O go on to O, B-* or S-*; a sentence
+           starts with O, B-* or S-* and ends with O, E-* or S-*.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+DECODERS = ("viterbi", "argmax")
+
+
+def _parts(label: str) -> tuple[str, str]:
+    return ("O", "") if label == "O" else (label[0], label[2:])
+
+
+def _allowed(previous: str | None, label: str, scheme: str) -> bool:
+    """May `label` follow `previous` (None: the sentence start)?"""
+    prefix, kind = _parts(label)
+    before, before_kind = _parts(previous) if previous is not None else ("O", "")
+    if scheme == "iob2":
+        return prefix != "I" or (before in "BI" and before_kind == kind and previous is not None)
+    if scheme == "iob1":
+        return prefix != "B" or (before in "BI" and before_kind == kind and previous is not None)
+    inside = before in "BI" and previous is not None  # iobes: inside an entity that must go on
+    if inside:
+        return prefix in "IE" and kind == before_kind
+    return prefix in "OBS"
+
+
+def transition_masks(labels: list[str], scheme: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(start, transition [previous, next], end) masks of allowed label ids."""
+    start = np.array([_allowed(None, label, scheme) for label in labels])
+    pairs = np.array([[_allowed(before, label, scheme) for label in labels] for before in labels])
+    end = np.array([scheme != "iobes" or _parts(label)[0] in "OES" for label in labels])
+    return start, pairs, end
+
+
+def viterbi(log_probs: np.ndarray, masks: tuple[np.ndarray, np.ndarray, np.ndarray]) -> np.ndarray:
+    """The most probable allowed label sequence of one sentence (words x labels log-probabilities)."""
+    if len(log_probs) == 0:
+        return np.zeros(0, dtype=np.int64)
+    start, pairs, end = masks
+    transition = np.where(pairs, 0.0, -np.inf)
+    score = np.where(start, log_probs[0], -np.inf)
+    back = np.zeros(log_probs.shape, dtype=np.int64)
+    for i in range(1, len(log_probs)):
+        candidates = score[:, None] + transition  # previous x next
+        back[i] = candidates.argmax(axis=0)
+        score = candidates.max(axis=0) + log_probs[i]
+    final = np.where(end, score, -np.inf)
+    if not np.isfinite(final).any():  # the label set cannot form a valid sequence here (a type lacks E-/S-)
+        return log_probs.argmax(axis=-1)
+    best = [int(final.argmax())]
+    for i in range(len(log_probs) - 1, 0, -1):
+        best.append(int(back[i, best[-1]]))
+    return np.array(best[::-1], dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class Decoder:
+    labels: tuple[str, ...]  # by label id
+    scheme: str  # iob1 | iob2 | iobes
+    method: str = "viterbi"  # or argmax
+
+    def __call__(self, log_probs: list[np.ndarray]) -> tuple[list[list[str]], list[np.ndarray]]:
+        """(tags, probability of each chosen tag) per sentence, from words x labels log-probabilities."""
+        if self.method == "argmax":
+            ids = [lp.argmax(axis=-1) for lp in log_probs]
+        else:
+            masks = transition_masks(list(self.labels), self.scheme)
+            ids = [viterbi(lp, masks) for lp in log_probs]
+        names = np.array(self.labels, dtype=object)
+        tags = [names[i].tolist() for i in ids]
+        probs = [np.exp(lp[np.arange(len(i)), i]).astype(np.float32) for lp, i in zip(log_probs, ids)]
+        return tags, probs
+
+
+def scheme_of_labels(labels: list[str]) -> str:
+    """A model's tag scheme from its labels alone (for exports that do not record it)."""
+    return "iobes" if any(label[:2] in ("E-", "S-") for label in labels) else "iob2"

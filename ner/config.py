@@ -13,6 +13,7 @@ import math
 import os
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -75,7 +76,9 @@ class TrainConfig:
         0, "passes over the training data; 0: auto, enough for ~1,500 updates, at least 3 and at most 10 "
         "(ignored when --max-steps > 0)")
     max_steps: int = _opt(-1, "optimizer updates to run; -1: use --num-epochs")
-    batch_size: int = _opt(32, "sentences (windows) per device per micro-batch, an upper bound with --max-tokens")
+    batch_size: int = _opt(
+        0, "windows per device per micro-batch, an upper bound with --max-tokens; 0: auto, 32 sentences "
+        "(with document context: as many windows as hold about 32 sentences)")
     max_tokens: int = _opt(
         4096, "padded tokens per device per micro-batch (length-aware batching); 0: fixed --batch-size")
     pad_to_multiple_of: int = _opt(
@@ -115,11 +118,11 @@ class TrainConfig:
     dist_timeout: float = _opt(600.0, "seconds a collective may wait for a lost rank before failing")
 
     def validate(self) -> TrainConfig:
-        positive = ("batch_size", "gradient_accumulation_steps", "max_seq_length", "pad_to_multiple_of")
+        positive = ("gradient_accumulation_steps", "max_seq_length", "pad_to_multiple_of")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise UserError(f"--{_flag(name)} must be positive (got {getattr(self, name)})")
-        non_negative = ("max_tokens", "eval_steps", "save_steps", "logging_steps", "save_total_limit",
+        non_negative = ("batch_size", "max_tokens", "eval_steps", "save_steps", "logging_steps", "save_total_limit",
                         "weight_decay", "max_grad_norm", "nproc", "window_stride_words", "context_tokens")
         for name in non_negative:
             if getattr(self, name) < 0:
@@ -151,6 +154,14 @@ class TrainConfig:
 # ----------------------------------------------------------------------------- auto values
 
 AUTO_TARGET_UPDATES, AUTO_MIN_EPOCHS, AUTO_MAX_EPOCHS = 1500, 3, 10
+AUTO_SENTENCES_PER_BATCH = 32
+
+
+def auto_batch_size(sentences_per_window: float) -> int:
+    """Windows per micro-batch holding about 32 sentences: at sentence level 32; a document window
+    holds several sentences, so fewer windows keep each update's data, and the learning rate tuned
+    for it, the same (docs/defaults.md)."""
+    return max(1, round(AUTO_SENTENCES_PER_BATCH / max(sentences_per_window, 1.0)))
 
 
 def auto_num_epochs(updates_per_epoch: int) -> int:
@@ -168,15 +179,24 @@ def auto_attention(device_type: str) -> str:
     return "eager" if device_type == "cpu" else "sdpa"
 
 
-def resolve_auto(cfg: TrainConfig, *, hidden_size: int, updates_per_epoch: int, device_type: str) -> TrainConfig:
-    """A new config with every auto value decided, each choice logged once; `cfg` is left as it was."""
+def resolve_auto(cfg: TrainConfig, *, hidden_size: int, sentences_per_window: float,
+                 updates_per_epoch: Callable[[int], int], device_type: str) -> TrainConfig:
+    """A new config with every auto value decided, each choice logged once; `cfg` is left as it was.
+
+    `updates_per_epoch(batch_size)` counts an epoch's updates at that batch size.
+    """
     chosen: dict[str, Any] = {}
+    batch_size = cfg.batch_size or auto_batch_size(sentences_per_window)
+    if cfg.batch_size == 0:
+        chosen["batch_size"] = batch_size
+        log.info("--batch-size auto: %d (%.1f sentences a window)", batch_size, sentences_per_window)
     if cfg.learning_rate == 0:
         chosen["learning_rate"] = auto_learning_rate(hidden_size)
         log.info("--learning-rate auto: %g (hidden size %d)", chosen["learning_rate"], hidden_size)
     if cfg.num_epochs == 0 and cfg.max_steps <= 0:
-        chosen["num_epochs"] = auto_num_epochs(updates_per_epoch)
-        log.info("--num-epochs auto: %d (%d updates an epoch)", chosen["num_epochs"], updates_per_epoch)
+        per_epoch = updates_per_epoch(batch_size)
+        chosen["num_epochs"] = auto_num_epochs(per_epoch)
+        log.info("--num-epochs auto: %d (%d updates an epoch)", chosen["num_epochs"], per_epoch)
     if cfg.attn_implementation == "auto":
         chosen["attn_implementation"] = auto_attention(device_type)
         log.info("--attn-implementation auto: %s (on %s)", chosen["attn_implementation"], device_type)

@@ -21,7 +21,7 @@ import torch
 
 from ner.backends import Backend, autocast_for, default_device, resolve_precision
 from ner.batching import inference_batches
-from ner.config import TrainConfig
+from ner.config import AUTO_SENTENCES_PER_BATCH, TrainConfig
 from ner.data import Example, has_documents
 from ner.decode import Decoder, scheme_of_labels
 from ner.encode import (
@@ -105,7 +105,7 @@ def evaluate(model: torch.nn.Module, eval_set: EvalSet, backend: Backend, pad_to
 
 
 DEFAULTS = TrainConfig()
-DEFAULT_MAX_SENTENCES, DEFAULT_MAX_TOKENS = inference_batch_limits(DEFAULTS.batch_size, DEFAULTS.max_tokens)
+DEFAULT_MAX_SENTENCES, DEFAULT_MAX_TOKENS = inference_batch_limits(AUTO_SENTENCES_PER_BATCH, DEFAULTS.max_tokens)
 
 
 @dataclass(frozen=True)

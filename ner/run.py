@@ -10,7 +10,7 @@ import logging
 import os
 import random
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 
 import numpy as np
@@ -76,8 +76,9 @@ class Prepared:
     label_list: list[str]
     tokenizer: object
     train_features: list
-    eval_sets: dict[str, EvalSet]
+    eval_features: dict[str, list]  # validation / test, encoded
     decoder: Decoder
+    eval_sets: dict[str, EvalSet] = field(default_factory=dict)  # batched once the batch size is resolved
 
 
 def read_data(cfg: TrainConfig) -> Splits:
@@ -100,14 +101,18 @@ def prepare_data(cfg: TrainConfig, splits: Splits) -> Prepared:
                      stride_words=cfg.window_stride_words, label_all_subwords=cfg.label_all_subwords,
                      context=cfg.context == "document", context_tokens=cfg.context_tokens,
                      cache_dir=tokenization_cache_dir(cfg.tokenization_cache))
-    eval_sets = {name: build_eval_set(examples, encode(examples), cfg.batch_size, cfg.max_tokens,
-                                      cfg.pad_to_multiple_of)
-                 for name, examples in (("validation", splits.validation), ("test", splits.test))
-                 if examples is not None}
+    eval_features = {name: encode(examples) for name, examples in (("validation", splits.validation),
+                                                                    ("test", splits.test)) if examples is not None}
     log.info("data: %d train sentences, tag scheme %s, %d labels: %s", len(splits.train), splits.scheme,
              len(label_list), " ".join(label_list))
     decoder = Decoder(tuple(label_list), splits.scheme, cfg.decode)
-    return Prepared(splits, label_list, tokenizer, encode(splits.train), eval_sets, decoder)
+    return Prepared(splits, label_list, tokenizer, encode(splits.train), eval_features, decoder)
+
+
+def batch_eval_sets(cfg: TrainConfig, data: Prepared) -> dict[str, EvalSet]:
+    examples = {"validation": data.splits.validation, "test": data.splits.test}
+    return {name: build_eval_set(examples[name], features, cfg.batch_size, cfg.max_tokens, cfg.pad_to_multiple_of)
+            for name, features in data.eval_features.items()}
 
 
 def claim_output_dir(cfg: TrainConfig, backend: Backend) -> None:
@@ -133,6 +138,12 @@ def updates_per_epoch(sampler: TokenBudgetBatchSampler, epoch: int, cfg: TrainCo
     return updates_in_epoch(len(sampler.plan(epoch)) // world_size, cfg.gradient_accumulation_steps)
 
 
+def train_sampler(cfg: TrainConfig, data: Prepared, world_size: int, batch_size: int | None = None):
+    return TokenBudgetBatchSampler(padded_lengths(data.train_features, cfg.pad_to_multiple_of),
+                                   batch_size or cfg.batch_size, cfg.max_tokens, cfg.seed, shuffle=True,
+                                   num_replicas=world_size)
+
+
 def plan_epochs(sampler: TokenBudgetBatchSampler, cfg: TrainConfig, world_size: int) -> tuple[int, int | None]:
     """(total updates, epoch limit): the schedule must know its length before the first step."""
     if cfg.max_steps > 0:
@@ -150,11 +161,14 @@ def run(cfg: TrainConfig, backend: Backend) -> dict:
     cfg = resolve_context(cfg, has_documents(splits.train))
     data = prepare_data(cfg, splits)
     resume_from = ckpt.resolve_resume(cfg.resume, cfg.output_path)
-    sampler = TokenBudgetBatchSampler(padded_lengths(data.train_features, cfg.pad_to_multiple_of), cfg.batch_size,
-                                      cfg.max_tokens, cfg.seed, shuffle=True, num_replicas=backend.num_processes)
+    world = backend.num_processes
     cfg = resolve_auto(cfg, hidden_size=encoder_hidden_size(cfg.model, cfg.trust_remote_code),
-                       updates_per_epoch=updates_per_epoch(sampler, 0, cfg, backend.num_processes),
+                       sentences_per_window=len(data.splits.train) / max(len(data.train_features), 1),
+                       updates_per_epoch=lambda size: updates_per_epoch(train_sampler(cfg, data, world, size), 0,
+                                                                        cfg, world),
                        device_type=backend.device.type)
+    sampler = train_sampler(cfg, data, world)
+    data.eval_sets = batch_eval_sets(cfg, data)
     model = build_model(cfg.model, data.label_list, cfg.trust_remote_code, cfg.attn_implementation)
     model.to(backend.device)
     optimizer = build_optimizer(model, cfg.learning_rate, cfg.weight_decay, cfg.optimizer_impl)

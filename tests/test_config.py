@@ -42,7 +42,7 @@ def test_yaml_errors_name_the_file(tmp_path, text, message):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--batch-size", "0"], "--batch-size must be positive"),
+    (["--batch-size", "-1"], "--batch-size must be zero or more"),
     (["--warmup-ratio", "1.5"], "--warmup-ratio must be in [0, 1)"),
     (["--max-seq-length", "4"], "--max-seq-length 4 is too small"),
 ])
@@ -84,14 +84,22 @@ def test_auto_values_resolve_into_a_new_config_once(caplog):
 
     caplog.set_level("INFO", logger="ner")
     given = TrainConfig()
-    resolved = resolve_auto(given, hidden_size=768, updates_per_epoch=300, device_type="cuda")
-    assert (resolved.learning_rate, resolved.num_epochs, resolved.attn_implementation) == (5e-5, 5, "sdpa")
-    assert (given.learning_rate, given.num_epochs, given.attn_implementation) == (0.0, 0, "auto")  # untouched
+    resolved = resolve_auto(given, hidden_size=768, sentences_per_window=1.0, updates_per_epoch=lambda b: 9600 // b,
+                            device_type="cuda")
+    assert (resolved.batch_size, resolved.learning_rate, resolved.num_epochs, resolved.attn_implementation) == \
+        (32, 5e-5, 5, "sdpa")  # 300 updates an epoch at 32
+    assert (given.batch_size, given.learning_rate, given.num_epochs, given.attn_implementation) == \
+        (0, 0.0, 0, "auto")  # untouched
     assert "--learning-rate auto: 5e-05 (hidden size 768)" in caplog.text
-    on_cpu = resolve_auto(TrainConfig(learning_rate=3e-5, num_epochs=2), hidden_size=384, updates_per_epoch=29,
-                          device_type="cpu")
-    assert (on_cpu.learning_rate, on_cpu.num_epochs, on_cpu.attn_implementation) == (3e-5, 2, "eager")
-    assert resolve_auto(resolved, hidden_size=384, updates_per_epoch=1, device_type="cpu") == resolved
+    documents = resolve_auto(given, hidden_size=384, sentences_per_window=5.2, updates_per_epoch=lambda b: 2400 // b,
+                             device_type="cpu")
+    assert (documents.batch_size, documents.num_epochs) == (6, 4)  # 6 windows of ~5 sentences; 400 updates
+    on_cpu = resolve_auto(TrainConfig(batch_size=8, learning_rate=3e-5, num_epochs=2), hidden_size=384,
+                          sentences_per_window=5.0, updates_per_epoch=lambda b: 29, device_type="cpu")
+    assert (on_cpu.batch_size, on_cpu.learning_rate, on_cpu.num_epochs, on_cpu.attn_implementation) == \
+        (8, 3e-5, 2, "eager")
+    assert resolve_auto(resolved, hidden_size=384, sentences_per_window=3.0, updates_per_epoch=lambda b: 1,
+                        device_type="cpu") == resolved
 
 
 def test_remote_code_is_off_unless_asked():

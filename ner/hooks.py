@@ -113,6 +113,7 @@ class RunHooks:
         self.last_saved: tuple[int, Path] | None = None
         self.state = state
         self.best_predictions: list[list[str]] | None = None
+        self.epoch_start = time.perf_counter()
 
     def _write(self, record: dict) -> None:
         self.backend.log_metrics(flatten_record(record), step=record["step"])
@@ -142,10 +143,14 @@ class RunHooks:
         inject_fault(state.global_step, self.backend.process_index)
 
     def on_epoch_end(self, state: TrainState) -> None:
-        self._write({"step": state.global_step, "epoch_end": state.epoch})  # where plots draw the boundary
+        # Where plots draw the boundary, and the epoch's training seconds (its end-of-epoch evaluation
+        # and checkpoint come after and are not counted).
+        self._write({"step": state.global_step, "epoch_end": state.epoch,
+                     "epoch_train_s": round(time.perf_counter() - self.epoch_start, 3)})
         if not self.cfg.eval_steps:
             self.evaluate(state)
         self.save(state)  # every epoch end, whatever --save-steps says (a no-op if this step is saved)
+        self.epoch_start = time.perf_counter()
 
     def evaluate(self, state: TrainState) -> dict | None:
         eval_set = self.data.eval_sets.get("validation")

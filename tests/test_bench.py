@@ -1,111 +1,234 @@
-"""scripts/bench.py's arithmetic and rendering on tiny inputs (no timing, no CoNLL, no MiniLM)."""
+"""The benchmark scripts' pure pieces on tiny inputs: FLOPs and loop arithmetic, the per-update shapes read
+from metrics.jsonl (one tiny training run), slicing, evaluation timing's batch rule, report rendering."""
 
 from __future__ import annotations
 
-import importlib.util
+import argparse
+import importlib
+import json
+import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+from conftest import ROOT, python_module, run_cli, tiny_args
 
-ROOT = Path(__file__).resolve().parents[1]
+SCRIPT_MODULES = ("bench", "bench_baseline", "bench_flops", "bench_inference", "bench_measure", "bench_report",
+                  "sweep_defaults")
 
 
 @pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("bench", ROOT / "scripts" / "bench.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def scripts():
+    """The script modules, imported as `python scripts/bench.py` imports its siblings (scripts/ first on
+    sys.path), then taken off sys.path and sys.modules again."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(ROOT / "scripts"))
+        modules = {name: importlib.import_module(name) for name in SCRIPT_MODULES}
+    for name in SCRIPT_MODULES:
+        sys.modules.pop(name, None)
+    return SimpleNamespace(**modules)
 
 
-def test_matmul_params_counts_attention_ffn_and_head(bench):
+@pytest.fixture(scope="module")
+def flops(scripts):
+    return scripts.bench_flops
+
+
+@pytest.fixture(scope="module")
+def report(scripts):
+    return scripts.bench_report
+
+
+SHAPE = {"matmul_params": 10, "layers": 1, "hidden": 3}
+
+
+def test_matmul_params_counts_attention_ffn_and_head(flops):
     # MiniLM-L6-H384: 6 x (4 x 384^2 + 2 x 384 x 1536) + 384 x 9
-    assert bench.matmul_params(384, 6, 1536, 9) == 6 * (4 * 147456 + 2 * 589824) + 3456 == 10_620_288
+    assert flops.matmul_params(384, 6, 1536, 9) == 6 * (4 * 147456 + 2 * 589824) + 3456 == 10_620_288
 
 
-def test_train_flops_is_6pt_plus_quadratic_attention(bench):
+def test_train_flops_is_6pt_plus_quadratic_attention(flops):
     # one batch of 2 rows x 4 tokens, P = 10, 1 layer, hidden 3: 2 x (6 x 10 x 4 + 12 x 3 x 16)
-    assert bench.train_flops([4], [2], params=10, layers=1, hidden=3) == 2 * (240 + 576)
-    assert bench.train_flops([4, 2], [2, 1], 10, 1, 3) == 2 * (240 + 576) + (120 + 144)
+    assert flops.train_flops([4], [2], params=10, layers=1, hidden=3) == 2 * (240 + 576)
+    assert flops.train_flops([4, 2], [2, 1], 10, 1, 3) == 2 * (240 + 576) + (120 + 144)
 
 
-def test_padding_efficiency_and_mfu(bench):
-    assert bench.padding_efficiency(30, 40) == 0.75
-    assert bench.padding_efficiency(0, 0) == 0.0
-    assert bench.mfu(flops=1e12, seconds=2.0, peak_flops_per_s=1e12) == 0.5
-    assert bench.mfu(1e12, 0.0, 1e12) == 0.0
+def test_computed_flops_use_padded_width_and_real_flops_the_mean_real_length(flops):
+    shapes = [[2, 4, 6], [1, 2, 2]]  # [rows, padded width, real tokens]
+    assert flops.computed_flops(shapes, SHAPE) == flops.train_flops([4, 2], [2, 1], 10, 1, 3)
+    assert flops.real_flops(shapes, SHAPE) == flops.train_flops([3, 2], [2, 1], 10, 1, 3)
 
 
-def test_loop_window_skips_the_first_update(bench):
-    assert bench.loop_window([10.0, 11.0, 13.5]) == (1, 2, 3.5)
-    assert bench.loop_window([10.0]) == (0, 0, 0.0)
+def test_padding_efficiency_and_mfu(flops):
+    assert flops.padding_efficiency(30, 40) == 0.75
+    assert flops.padding_efficiency(0, 0) == 0.0
+    assert flops.mfu(flops=1e12, seconds=2.0, peak_flops_per_s=1e12) == 0.5
+    assert flops.mfu(1e12, 0.0, 1e12) == 0.0
 
 
-def test_group_steps_by_world_size(bench):
-    assert bench.group_steps([1, 2, 3, 4, 5], 2) == [[1, 2], [3, 4], [5]]
+def test_loop_window_skips_the_first_update(flops):
+    assert flops.loop_window([10.0, 11.0, 13.5]) == (1, 2, 3.5)
+    assert flops.loop_window([10.0]) == (0, 0, 0.0)
 
 
-def test_summarise_loop_counts_only_timed_updates_for_rates(bench):
-    batches = [{"rows": 2, "width": 4, "lengths": [4, 2]}, {"rows": 1, "width": 3, "lengths": [3]},
-               {"rows": 2, "width": 5, "lengths": [5, 1]}]
-    shape = {"matmul_params": 10, "layers": 1, "hidden": 3}
-    loop = bench.summarise_loop([[b] for b in batches], [0.0, 1.0, 3.0], shape, peak=1e3)
+def test_updates_from_records_skips_evaluations_and_keeps_every_ranks_batches(flops):
+    records = [{"time": 5.0, "step": 1, "loss": 0.9, "batch_shapes": [[2, 4, 6], [2, 8, 9]]},
+               {"time": 6.0, "step": 2, "loss": 0.8, "batch_shapes": [[1, 4, 3], [3, 4, 10]]},
+               {"time": 6.5, "step": 2, "eval": {"f1": 0.5}},
+               {"time": 7.0, "step": 3, "loss": 0.7, "batch_shapes": [[1, 4, 4]]}]
+    step_times, steps = flops.updates_from_records(records)
+    assert step_times == [5.0, 6.0, 7.0]
+    assert steps == [[[2, 4, 6], [2, 8, 9]], [[1, 4, 3], [3, 4, 10]], [[1, 4, 4]]]
+
+
+def test_updates_from_records_refuses_records_that_cover_several_updates(flops):
+    records = [{"time": 5.0, "step": 2, "loss": 0.9, "batch_shapes": [[2, 4, 6]]},
+               {"time": 6.0, "step": 4, "loss": 0.8, "batch_shapes": [[1, 4, 3]]}]
+    with pytest.raises(ValueError, match="--logging-steps 1"):
+        flops.updates_from_records(records)
+
+
+def test_summarise_loop_counts_only_timed_updates_for_rates(flops):
+    steps = [[[2, 4, 6]], [[1, 3, 3]], [[2, 5, 6], [1, 2, 2]]]  # update 3: two micro-batches
+    loop = flops.summarise_loop(steps, [0.0, 1.0, 3.0], SHAPE, peak=1e3)
     assert loop["steps"] == 3 and loop["timed_steps"] == 2 and loop["loop_s"] == 3.0
-    assert loop["real_tokens_epoch"] == 15 and loop["computed_tokens_epoch"] == 21
-    assert loop["padding_efficiency"] == pytest.approx(15 / 21)
-    assert loop["loop_real_tokens_per_s"] == pytest.approx((3 + 6) / 3.0)
-    assert loop["loop_computed_tokens_per_s"] == pytest.approx((3 + 10) / 3.0)
-    computed = bench.train_flops([3, 5], [1, 2], 10, 1, 3)
-    real = bench.train_flops([3, 5, 1], [1, 1, 1], 10, 1, 3)
+    assert loop["real_tokens_epoch"] == 17 and loop["computed_tokens_epoch"] == 23
+    assert loop["padding_efficiency"] == pytest.approx(17 / 23)
+    assert loop["loop_real_tokens_per_s"] == pytest.approx((3 + 6 + 2) / 3.0)
+    assert loop["loop_computed_tokens_per_s"] == pytest.approx((3 + 10 + 2) / 3.0)
+    computed = flops.train_flops([3, 5, 2], [1, 2, 1], 10, 1, 3)
+    real = flops.train_flops([3, 3, 2], [1, 2, 1], 10, 1, 3)
     assert loop["mfu_computed"] == pytest.approx(computed / 3.0 / 1e3)
     assert loop["mfu_real"] == pytest.approx(real / 3.0 / 1e3)
 
 
-def test_conll_slice_round_trip(bench, tmp_path):
-    source = tmp_path / "in.txt"
-    source.write_text("-DOCSTART- -X- O O\n\nEU NNP B-NP B-ORG\nrejects VBZ B-VP O\n\n"
-                      "Peter NNP B-NP B-PER\n\nBonn NNP B-NP B-LOC\n", encoding="utf-8")
-    assert bench.read_conll_sentences(source) == [[("EU", "B-ORG"), ("rejects", "O")], [("Peter", "B-PER")],
-                                                  [("Bonn", "B-LOC")]]
-    first_two = bench.read_conll_sentences(source, limit=2)
-    assert len(first_two) == 2
-    written = bench.write_conll(first_two, tmp_path / "out" / "slice.conll")
-    assert bench.read_conll_sentences(written) == first_two
+@pytest.fixture(scope="module")
+def tiny_run(tiny_bert, tiny_data, tmp_path_factory) -> Path:
+    """One tiny training run as the bench runs ner.train: --logging-steps 1 (here two micro-batches per update)."""
+    out = tmp_path_factory.mktemp("bench") / "run"
+    extra = ("--logging-steps", "1", "--gradient-accumulation-steps", "2",
+             "--num-epochs", "4", "--learning-rate", "3e-3")  # enough updates for a validation F1 above 0.2
+    result = run_cli(python_module("ner.train", *tiny_args(tiny_bert, tiny_data, out, *extra)))
+    assert result.returncode == 0, result.stderr[-2000:]
+    return out
 
 
-def test_markdown_table_aligns_numbers_and_marks_missing(bench):
-    table = bench.markdown_table(["run", "tok/s", "F1", "eff."], [["a", 1234.5, None, "45.5%"], ["b", 2.0, "x", "-"]])
+def test_steps_from_a_training_runs_metrics_cover_every_window_of_every_epoch(flops, tiny_run, tiny_bert, tiny_data):
+    from ner.data import build_label_list, read_conll
+    from ner.encode import encode_examples
+    from ner.model import load_tokenizer
+
+    out = tiny_run
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    step_times, steps = flops.updates_from_records(records)
+    args = json.loads((out / "final" / "training_args.json").read_text())
+    assert len(steps) == len(step_times) == json.loads((out / "final" / "metrics.json").read_text())["global_step"]
+    examples = read_conll(tiny_data["train"])
+    label2id = {t: i for i, t in enumerate(build_label_list(examples))}
+    features = encode_examples(examples, load_tokenizer(str(tiny_bert)), label2id, args["max_seq_length"],
+                               args["window_stride_words"], args["label_all_subwords"])
+    shapes = [shape for step in steps for shape in step]
+    assert sum(rows for rows, _, _ in shapes) == args["num_epochs"] * len(features)
+    assert sum(real for _, _, real in shapes) == args["num_epochs"] * sum(len(f.input_ids) for f in features)
+    assert all(real <= rows * width for rows, width, real in shapes)
+    assert max(len(step) for step in steps) == 2
+
+
+def test_baseline_records_update_shapes_as_metrics_jsonl_does(scripts):
+    import torch
+
+    class Model(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.ones(1))
+
+        def forward(self, attention_mask, **_):
+            return SimpleNamespace(loss=(self.weight * attention_mask.sum()).sum())
+
+    model = Model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    loader = [{"attention_mask": torch.tensor([[1, 1, 1], [1, 1, 0]])}, {"attention_mask": torch.tensor([[1, 0]])}]
+    step_times, steps = scripts.bench_baseline.baseline_train(model, loader, optimizer, scheduler,
+                                                              torch.device("cpu"))
+    assert steps == [[[2, 3, 5]], [[1, 2, 1]]] and len(step_times) == 2
+
+
+def test_slices_are_the_first_sentences_read_by_the_project_reader(scripts, tmp_path):
+    from ner.data import read_conll
+
+    conll_dir = tmp_path / "conll"
+    conll_dir.mkdir()
+    text = ("-DOCSTART- -X- O O\n\nEU NNP B-NP B-ORG\nrejects VBZ B-VP O\n\n"
+            "Peter NNP B-NP B-PER\n\nBonn NNP B-NP B-LOC\n")
+    for split in ("train", "valid"):
+        (conll_dir / f"{split}.txt").write_text(text, encoding="utf-8")
+    args = argparse.Namespace(conll_dir=conll_dir, sentences=2, valid_sentences=1)
+    train, valid = scripts.bench.prepare_slices(args, tmp_path / "work")
+    assert [(e.words, e.tags) for e in read_conll(train)] == [(["EU", "rejects"], ["B-ORG", "O"]),
+                                                              (["Peter"], ["B-PER"])]
+    assert [e.words for e in read_conll(valid)] == [["EU", "rejects"]]
+    swept = scripts.sweep_defaults.slice_conll(conll_dir / "train.txt", tmp_path / "sweep.conll", 2)
+    assert swept.read_text(encoding="utf-8") == train.read_text(encoding="utf-8")
+
+
+def test_the_bench_scores_an_export_as_its_training_run_did(scripts, tiny_run, tiny_data):
+    from ner.data import read_conll
+
+    trained = json.loads((tiny_run / "final" / "metrics.json").read_text())["validation"]["f1"]
+    scored = scripts.bench_inference.score_export(tiny_run / "final", read_conll(tiny_data["validation"]))
+    assert trained > 0.2 and scored["f1"] == pytest.approx(trained, abs=1e-9) and scored["eval_added_s"] > 0
+
+
+def test_timed_evaluate_uses_the_runs_evaluation_batch_rule(scripts):
+    from ner.data import Example
+
+    calls = []
+
+    class Tagger:
+        def tag(self, examples, max_sentences, max_tokens):
+            calls.append((max_sentences, max_tokens))
+            return [e.tags for e in examples], None
+
+    examples = [Example(["EU", "rejects"], ["B-ORG", "O"], "x"), Example(["Peter"], ["B-PER"], "x")]
+    result = scripts.bench_inference.timed_evaluate(Tagger(), {"batch_size": 5, "max_tokens": 300}, examples)
+    assert calls == [(10, 600)]  # twice the run's training limits (not the defaults), as its evaluation used
+    assert result["f1"] == 1.0 and result["sentences_per_s"] > 0
+
+
+def test_markdown_table_aligns_numbers_and_marks_missing(report):
+    table = report.markdown_table(["run", "tok/s", "F1", "eff."], [["a", 1234.5, None, "45.5%"], ["b", 2.0, "x", "-"]])
     assert table.splitlines() == ["| run | tok/s | F1 | eff. |", "|---|---:|---|---:|",
                                   "| a | 1,234.50 | - | 45.5% |", "| b | 2.00 | x | - |"]
 
 
-def test_ratios_and_targets(bench):
+def test_ratios_and_targets(report):
     base = {"wall_s": 300.0, "cpu_s": 580.0, "loop_s": 240.0, "loop_real_tokens_per_s": 400.0,
             "process_real_tokens_per_s": 300.0, "peak_rss_bytes": 2e9, "f1": 0.80}
     ours = {"wall_s": 90.0, "eval_added_s": 10.0, "cpu_s": 190.0, "loop_s": 60.0, "loop_real_tokens_per_s": 1600.0,
             "process_real_tokens_per_s": 900.0, "peak_rss_bytes": 1e9, "f1": 0.797}
-    ratios = bench.ratio_rows(ours, base)
+    ratios = report.ratio_rows(ours, base)
     assert ratios["process speed-up (baseline s / ours s)"] == 3.0  # 300 / (90 + 10)
     assert ratios["loop speed-up (baseline s / ours s)"] == 4.0
     assert ratios["loop real tokens/s ratio"] == 4.0
     assert ratios["F1 difference (points)"] == pytest.approx(-0.3)
     main = {"runs": {"baseline": base, "ours (default)": ours}, "ratios": ratios}
     ablations = {"default, warm tokenisation cache": {"f1": 0.80}, "fp32 (--mixed-precision no)": {"f1": 0.81}}
-    rows = bench.targets(main, ablations)
+    rows = report.targets(main, ablations)
     assert [row[2] for row in rows] == ["met", "met", "met", "**missed**"]  # bf16 is 1.0 point below fp32
     assert rows[3][1] == "-1.00 points"
 
 
-def test_render_report_has_every_section(bench):
+def test_render_report_has_every_section(report):
     run = {"wall_s": 10.0, "cpu_s": 19.0, "loop_s": 8.0, "loop_real_tokens_per_s": 100.0, "padding_efficiency": 0.5,
            "steps": 3, "peak_rss_bytes": 1.5e9, "f1": 0.5, "mfu_computed": 0.1, "mfu_real": 0.05, "precision": "bf16"}
-    report = {"device": "cpu", "torch": "x", "threads": 2, "peak": {"fp32_flops_per_s": 2e11, "bf16_flops_per_s": 1e12},
-              "main": {"train_sentences": 5, "valid_sentences": 3, "runs": {"baseline": run, "ours (default)": run},
-                       "ratios": bench.ratio_rows(run, run), "settings": [["seed", "42", "42"]]},
-              "ablations": {"default, warm tokenisation cache": run},
-              "inference": {"one sentence at a time (HF model, fp32)": {"seconds": 2.0, "sentences_per_s": 1.5}},
-              "scaling": {"1 process x 2 threads": run}, "full_memory": {**run, "note": "NOTE"}}
-    text = bench.render_report(report)
+    bench = {"device": "cpu", "torch": "x", "threads": 2, "peak": {"fp32_flops_per_s": 2e11, "bf16_flops_per_s": 1e12},
+             "main": {"train_sentences": 5, "valid_sentences": 3, "runs": {"baseline": run, "ours (default)": run},
+                      "ratios": report.ratio_rows(run, run), "settings": [["seed", "42", "42"]]},
+             "ablations": {"default, warm tokenisation cache": run},
+             "inference": {"one sentence at a time (HF model, fp32)": {"seconds": 2.0, "sentences_per_s": 1.5}},
+             "scaling": {"1 process x 2 threads": run}, "full_memory": {**run, "note": "NOTE"}}
+    text = report.render_report(bench)
     for heading in ("## Matmul peak", "## One epoch, 5 train sentences", "### Targets", "## Ablations",
                     "## Inference", "## Scaling", "## Full train set", "NOTE"):
         assert heading in text
@@ -114,11 +237,20 @@ def test_render_report_has_every_section(bench):
     assert "Warning" not in text
 
 
-def test_contention_share_and_warning(bench, monkeypatch):
-    monkeypatch.setattr(bench.os, "cpu_count", lambda: 2)
+def test_save_report_keeps_earlier_sections(report, tmp_path):
+    report.save_report({"device": "cpu", "peak": {"fp32_flops_per_s": 1e11, "bf16_flops_per_s": 2e11}}, tmp_path)
+    merged = report.load_report(tmp_path / "bench.json")
+    merged["inference"] = {"one sentence at a time (HF model, fp32)": {"seconds": 1.0, "sentences_per_s": 9.0}}
+    report.save_report(merged, tmp_path)
+    text = (tmp_path / "bench.md").read_text(encoding="utf-8")
+    assert "## Matmul peak" in text and "## Inference" in text
+
+
+def test_contention_share_and_warning(scripts, report, monkeypatch):
+    monkeypatch.setattr(scripts.bench_measure.os, "cpu_count", lambda: 2)
     busy = {"wall_s": 10.0, "other_cpu_s": 5.0}
-    assert bench.contention(busy) == 0.25
-    assert bench.contention({}) == 0.0
-    report = {"main": {"train_sentences": 1, "valid_sentences": 1, "runs": {"baseline": busy, "ours (default)": busy},
-                       "ratios": {}, "settings": []}}
-    assert "**Warning:**" in bench.render_report(report)
+    assert scripts.bench_measure.contention(busy) == 0.25
+    assert scripts.bench_measure.contention({}) == 0.0
+    bench = {"main": {"train_sentences": 1, "valid_sentences": 1, "runs": {"baseline": busy, "ours (default)": busy},
+                      "ratios": {}, "settings": []}}
+    assert "**Warning:**" in report.render_report(bench)

@@ -1,0 +1,140 @@
+"""FLOPs, MFU and the timed-loop summary of one training run, and the matmul peak MFU is measured against.
+
+    from bench_flops import summarise_loop, updates_from_records
+    step_times, steps = updates_from_records(records)   # metrics.jsonl, --logging-steps 1
+    loop = summarise_loop(steps, step_times, model_shape(model_dir, num_labels), peak_flops_per_s)
+
+An update is the list of its micro-batches (every rank's), each `[rows, padded width, real tokens]`:
+what the project's metrics.jsonl logs as `batch_shapes`, and what the baseline records the same way.
+Model FLOPs of a row of width S: 6 x P x S + 12 x layers x hidden x S^2 (P: parameters in matmuls;
+embeddings excluded, they are lookups). "Computed" FLOPs use each batch's rows and padded width;
+"real" FLOPs use its real tokens, the attention term at the batch's mean real length per row (per-row
+lengths are not logged; attention is a few percent of the total at CoNLL widths, so this moves MFU (real)
+by about a percent at most).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from bench_measure import synchronize
+
+Shape = list[int]  # [rows, padded width, real tokens] of one micro-batch
+
+
+def matmul_params(hidden: int, layers: int, intermediate: int, num_labels: int) -> int:
+    """Weights that take part in matmuls per token: Q, K, V, O, the two FFN ones, and the head."""
+    return layers * (4 * hidden * hidden + 2 * hidden * intermediate) + hidden * num_labels
+
+
+def model_shape(model_dir: str | Path, num_labels: int) -> dict:
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    hidden, layers = config["hidden_size"], config["num_hidden_layers"]
+    return {"hidden": hidden, "layers": layers,
+            "matmul_params": matmul_params(hidden, layers, config["intermediate_size"], num_labels)}
+
+
+def train_flops(widths: list[float], rows: list[int], params: int, layers: int, hidden: int) -> float:
+    """Forward + backward FLOPs of batches of rows x width tokens: 6PT plus attention 12 L d S^2 per row."""
+    return float(sum(r * (6 * params * w + 12 * layers * hidden * w * w) for w, r in zip(widths, rows, strict=True)))
+
+
+def computed_flops(shapes: list[Shape], model: dict) -> float:
+    """FLOPs of the padded batches as run."""
+    return train_flops([w for _, w, _ in shapes], [r for r, _, _ in shapes], model["matmul_params"],
+                       model["layers"], model["hidden"])
+
+
+def real_flops(shapes: list[Shape], model: dict) -> float:
+    """FLOPs of the real tokens alone, rows at their batch's mean real length."""
+    return train_flops([real / rows for rows, _, real in shapes], [r for r, _, _ in shapes], model["matmul_params"],
+                       model["layers"], model["hidden"])
+
+
+def padding_efficiency(real_tokens: int, computed_tokens: int) -> float:
+    return real_tokens / computed_tokens if computed_tokens else 0.0
+
+
+def mfu(flops: float, seconds: float, peak_flops_per_s: float) -> float:
+    return flops / seconds / peak_flops_per_s if seconds > 0 and peak_flops_per_s > 0 else 0.0
+
+
+def loop_window(step_times: list[float]) -> tuple[int, int, float]:
+    """(first, last) update index (0-based, inclusive) and seconds of the timed loop: updates 2..N."""
+    if len(step_times) < 2:
+        return 0, len(step_times) - 1, 0.0
+    return 1, len(step_times) - 1, step_times[-1] - step_times[0]
+
+
+def updates_from_records(records: list[dict]) -> tuple[list[float], list[list[Shape]]]:
+    """(end time, micro-batch shapes) of every update, from metrics.jsonl records of a --logging-steps 1 run."""
+    logged = [r for r in records if "loss" in r]
+    steps = [r["step"] for r in logged]
+    if steps != list(range(1, len(steps) + 1)):
+        raise ValueError(f"expected one logging record per update from step 1 (--logging-steps 1), got steps "
+                         f"{steps[:5]}...")
+    return [r["time"] for r in logged], [r["batch_shapes"] for r in logged]
+
+
+def summarise_loop(steps: list[list[Shape]], step_times: list[float], model: dict, peak: float) -> dict:
+    """Tokens and padding of the epoch; rates, FLOPs and MFU of the timed updates (2..N)."""
+    first, last, seconds = loop_window(step_times)
+    timed = [shape for step in steps[first:last + 1] for shape in step]
+    every = [shape for step in steps for shape in step]
+    real_epoch, computed_epoch = sum(s[2] for s in every), sum(s[0] * s[1] for s in every)
+    flops_computed = computed_flops(timed, model)
+    return {
+        "steps": len(steps), "timed_steps": max(last - first + 1, 0), "loop_s": seconds,
+        "real_tokens_epoch": real_epoch, "computed_tokens_epoch": computed_epoch,
+        "padding_efficiency": padding_efficiency(real_epoch, computed_epoch),
+        "loop_real_tokens_per_s": sum(s[2] for s in timed) / seconds if seconds else 0.0,
+        "loop_computed_tokens_per_s": sum(s[0] * s[1] for s in timed) / seconds if seconds else 0.0,
+        "mfu_computed": mfu(flops_computed, seconds, peak), "mfu_real": mfu(real_flops(timed, model), seconds, peak),
+        "model_tflops_per_s": flops_computed / seconds / 1e12 if seconds else 0.0,
+    }
+
+
+def measure_peak_flops(device, threads: int, size: int = 4096, reps: int = 3) -> dict:
+    """Matmul FLOP/s in fp32 and bf16: `<dtype>_flops_per_s` is the peak MFU is measured against.
+
+    On CPU that peak is one core's rate, timed in thread CPU time (so other jobs sharing the
+    machine do not lower it), times `threads`; the wall-clock rate with `threads` is kept beside it.
+    """
+    import torch
+
+    result = {}
+    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        wall = best_matmul_time(device, dtype, size, reps, time.perf_counter)
+        result[f"{name}_wall_flops_per_s"] = 2 * size ** 3 / wall
+        if device.type == "cpu":
+            previous = torch.get_num_threads()
+            torch.set_num_threads(1)
+            per_core = 2 * (size // 2) ** 3 / best_matmul_time(device, dtype, size // 2, reps, time.thread_time)
+            torch.set_num_threads(previous)
+            result[f"{name}_flops_per_s"] = per_core * threads
+        else:
+            result[f"{name}_flops_per_s"] = result[f"{name}_wall_flops_per_s"]
+    return result
+
+
+def best_matmul_time(device, dtype, size: int, reps: int, clock) -> float:
+    """Best of `reps` timings of one size^3 matmul by `clock`, after one warm-up."""
+    import torch
+
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype)
+    best = float("inf")
+    for rep in range(reps + 1):
+        synchronize(device)
+        start = clock()
+        torch.mm(a, b)
+        synchronize(device)
+        if rep:
+            best = min(best, clock() - start)
+    return best
+
+
+def peak_for(peaks: dict, precision: str) -> float:
+    return peaks["bf16_flops_per_s"] if precision == "bf16" else peaks["fp32_flops_per_s"]

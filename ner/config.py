@@ -214,6 +214,33 @@ def resolve_context(cfg: TrainConfig, train_has_documents: bool) -> TrainConfig:
     return dataclasses.replace(cfg, context=chosen, context_tokens=tokens)
 
 
+def inference_batch_limits(batch_size: int, max_tokens: int) -> tuple[int, int]:
+    """(windows, padded tokens) per inference batch: no activations are kept for a backward
+    pass, so twice the training micro-batch fits in the same memory."""
+    return batch_size * 2, max_tokens * 2
+
+
+DEFAULT_MAX_SENTENCES, DEFAULT_MAX_TOKENS = inference_batch_limits(AUTO_SENTENCES_PER_BATCH, TrainConfig.max_tokens)
+
+
+def add_inference_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of every command that tags with an exported model (ner.predict, ner.evaluate)."""
+    parser.add_argument("--max-seq-length", type=int, default=None,
+                        help="tokens per window (default: the value the model was trained with)")
+    parser.add_argument("--context", choices=("auto", "document", "none"), default="auto",
+                        help="document context (default auto: where the model was trained with it and the "
+                             "input has documents, e.g. CoNLL -DOCSTART- lines)")
+    parser.add_argument("--decode", choices=("viterbi", "argmax"), default=None,
+                        help="viterbi: only tag sequences the scheme allows; argmax: best tag per word "
+                             "(default: what the model was trained with, viterbi for new models)")
+    parser.add_argument("--batch-size", type=int, default=DEFAULT_MAX_SENTENCES,
+                        help=f"windows per batch at most (default: {DEFAULT_MAX_SENTENCES})")
+    parser.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
+                        help=f"padded tokens per batch (default: {DEFAULT_MAX_TOKENS})")
+    parser.add_argument("--mixed-precision", choices=("auto", "no", "bf16"), default="auto",
+                        help="autocast dtype (default: auto, bf16 where supported)")
+
+
 def with_sample_data(cfg: TrainConfig) -> TrainConfig:
     """No data given: the shipped sample, so a bare `python -m ner.train` trains something real."""
     if cfg.train_file is not None or cfg.dataset is not None:

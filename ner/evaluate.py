@@ -22,6 +22,7 @@ from pathlib import Path
 from seqeval.metrics import classification_report
 from seqeval.metrics.sequence_labeling import get_entities
 
+from ner.config import add_inference_arguments
 from ner.data import Example, check_known_labels, read_conll
 from ner.errors import UserError, cli
 from ner.metrics import entity_scores, seqeval_kwargs
@@ -115,17 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("file", type=Path, help="CoNLL file with gold tags (word ... TAG)")
     parser.add_argument("--worst", type=int, default=10, metavar="N", help="worst sentences to show (default: 10)")
     parser.add_argument("--json", type=Path, metavar="OUT.json", help="also write scores and worst sentences here")
-    parser.add_argument("--max-seq-length", type=int, default=None,
-                        help="tokens per window (default: the value the model was trained with)")
-    parser.add_argument("--context", choices=("auto", "document", "none"), default="auto",
-                        help="document context (default auto: where the model was trained with it and the "
-                             "input has documents, e.g. CoNLL -DOCSTART- lines)")
-    parser.add_argument("--decode", choices=("viterbi", "argmax"), default=None,
-                        help="viterbi: only tag sequences the scheme allows; argmax: best tag per word "
-                             "(default: what the model was trained with, viterbi for new models)")
-    parser.add_argument("--batch-size", type=int, default=64, help="sentences per batch at most (default: 64)")
-    parser.add_argument("--mixed-precision", choices=("auto", "no", "bf16"), default="auto",
-                        help="autocast dtype (default: auto, bf16 where supported)")
+    add_inference_arguments(parser)
     return parser
 
 
@@ -140,11 +131,10 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError(f"{args.file}: file not found")
     from ner.infer import Tagger  # after the cheap checks: loading torch + transformers takes seconds
 
-    tagger = Tagger(args.model_dir, precision=args.mixed_precision, max_seq_length=args.max_seq_length,
-                    context=args.context, decode=args.decode)
+    tagger = Tagger.from_args(args)
     examples = read_conll(args.file)
     check_known_labels(examples, tagger.label2id)
-    predicted, _ = tagger.tag(examples, args.batch_size)
+    predicted, _ = tagger.tag(examples, args.batch_size, args.max_tokens)
     gold = [e.tags for e in examples]
     scheme = tagger.decoder.scheme
     scores = entity_scores(gold, predicted, scheme)

@@ -21,7 +21,7 @@ import torch
 
 from ner.backends import Backend, autocast_for, default_device, resolve_precision
 from ner.batching import inference_batches
-from ner.config import AUTO_SENTENCES_PER_BATCH, TrainConfig
+from ner.config import DEFAULT_MAX_SENTENCES, DEFAULT_MAX_TOKENS, TrainConfig, inference_batch_limits
 from ner.data import Example, has_documents
 from ner.decode import Decoder, scheme_of_labels
 from ner.encode import (
@@ -41,12 +41,6 @@ Progress = Callable  # tqdm-like: progress(iterable, desc=..., leave=...) -> ite
 
 def no_progress(iterable, **_):
     return iterable
-
-
-def inference_batch_limits(batch_size: int, max_tokens: int) -> tuple[int, int]:
-    """(sentences, padded tokens) per inference batch: no activations are kept for a backward
-    pass, so twice the training micro-batch fits in the same memory."""
-    return batch_size * 2, max_tokens * 2
 
 
 @dataclass
@@ -105,7 +99,6 @@ def evaluate(model: torch.nn.Module, eval_set: EvalSet, backend: Backend, pad_to
 
 
 DEFAULTS = TrainConfig()
-DEFAULT_MAX_SENTENCES, DEFAULT_MAX_TOKENS = inference_batch_limits(AUTO_SENTENCES_PER_BATCH, DEFAULTS.max_tokens)
 
 
 @dataclass(frozen=True)
@@ -161,6 +154,12 @@ class Tagger:
         labels = tuple(self.id2label[i] for i in range(len(self.id2label)))
         self.decoder = Decoder(labels, self.settings.tag_scheme or scheme_of_labels(list(labels)),
                                decode or self.settings.decode)
+
+    @classmethod
+    def from_args(cls, args) -> Tagger:
+        """From the options config.add_inference_arguments defines."""
+        return cls(args.model_dir, precision=args.mixed_precision, max_seq_length=args.max_seq_length,
+                   context=args.context, decode=args.decode)
 
     def uses_context(self, examples: list[Example]) -> bool:
         """auto: document context where the model was trained with it and the input has documents."""

@@ -23,9 +23,10 @@ from seqeval.metrics import classification_report
 from seqeval.metrics.sequence_labeling import get_entities
 from tqdm.auto import tqdm
 
+from ner.config import add_inference_arguments
 from ner.data import Example, check_known_labels, read_conll
 from ner.errors import UserError, cli
-from ner.infer import DEFAULT_MAX_SENTENCES, DEFAULT_MAX_TOKENS, Tagger
+from ner.infer import Tagger
 
 
 def entities(words: list[str], tags: list[str], probs: np.ndarray) -> list[dict]:
@@ -71,20 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("file", type=Path, nargs="?", help="input file (default: stdin), one sentence per line")
     parser.add_argument("--conll", action="store_true", help="FILE is CoNLL (word ... TAG); prints a seqeval report")
     parser.add_argument("--format", choices=("json", "conll"), default="json", help="output format (default: json)")
-    parser.add_argument("--max-seq-length", type=int, default=None,
-                        help="tokens per window (default: the value the model was trained with)")
-    parser.add_argument("--context", choices=("auto", "document", "none"), default="auto",
-                        help="document context (default auto: where the model was trained with it and the "
-                             "input has documents, e.g. CoNLL -DOCSTART- lines)")
-    parser.add_argument("--decode", choices=("viterbi", "argmax"), default=None,
-                        help="viterbi: only tag sequences the scheme allows; argmax: best tag per word "
-                             "(default: what the model was trained with, viterbi for new models)")
-    parser.add_argument("--batch-size", type=int, default=DEFAULT_MAX_SENTENCES,
-                        help=f"sentences per batch at most (default: {DEFAULT_MAX_SENTENCES})")
-    parser.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
-                        help=f"padded tokens per batch (default: {DEFAULT_MAX_TOKENS})")
-    parser.add_argument("--mixed-precision", choices=("auto", "no", "bf16"), default="auto",
-                        help="autocast dtype (default: auto, bf16 where supported)")
+    add_inference_arguments(parser)
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     return parser
 
@@ -92,8 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
 @cli
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    tagger = Tagger(args.model_dir, precision=args.mixed_precision, max_seq_length=args.max_seq_length,
-                    context=args.context, decode=args.decode)
+    tagger = Tagger.from_args(args)
     examples = read_input(args)
     if args.conll:
         check_known_labels(examples, tagger.label2id)

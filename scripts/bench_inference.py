@@ -80,7 +80,7 @@ def timed_evaluate(tagger, training_args: dict, examples: list[Example]) -> dict
     runs) under the evaluation batch rule training uses: inference_batch_limits of the run's own
     batch_size and max_tokens. Then scores with entity_scores in the run's tag scheme (not timed).
     """
-    from ner.infer import inference_batch_limits
+    from ner.config import inference_batch_limits
 
     limits = inference_batch_limits(training_args["batch_size"], training_args["max_tokens"])
     return timed_tags(lambda: tagger.tag(examples, *limits)[0], examples, training_args.get("tag_scheme", "iob2"))

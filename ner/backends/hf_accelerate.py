@@ -75,7 +75,15 @@ class AccelerateBackend:
         return self.accelerator.autocast()
 
     def clip_grad_norm_(self, parameters, max_norm: float):
-        return self.accelerator.clip_grad_norm_(parameters, max_norm)
+        return self.accelerator.clip_grad_norm_(parameters, max_norm)  # unscales first under fp16
+
+    def step(self, optimizer) -> bool:
+        optimizer.step()  # the prepared optimizer runs Accelerate's own GradScaler under fp16 on GPUs
+        return not optimizer.step_was_skipped
+
+    @property
+    def grad_scaler(self):
+        return self.accelerator.scaler  # None unless fp16 on an accelerator
 
     def reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         return self.accelerator.reduce(tensor, reduction="sum")

@@ -83,12 +83,17 @@ class TrainConfig:
     max_grad_norm: float = _opt(1.0, "clip gradients to this global L2 norm; 0: no clipping")
     seed: int = _opt(42, "seed for weights of the new head, dropout and data order")
     mixed_precision: str = _opt(
-        "auto", "autocast dtype; auto: bf16 where the device supports it, else fp32",
-        choices=("auto", "no", "bf16", "fp16"))
+        "auto", "autocast dtype; auto: bf16 where the device supports it, else fp32; fp16 (GPUs without bf16: "
+        "T4, V100) adds a gradient scaler", choices=("auto", "no", "bf16", "fp16"))
     # evaluation, logging, saving
     eval_steps: int = _opt(0, "evaluate every N updates; 0: at the end of each epoch")
     save_steps: int = _opt(0, "checkpoint every N updates too; epoch ends and new best models are always saved")
     no_eval: bool = _opt(False, "skip validation during training")
+    early_stopping_patience: int = _opt(
+        0, "stop after this many evaluations in a row without a validation F1 gain above "
+        "--early-stopping-threshold; 0: never stop early")
+    early_stopping_threshold: float = _opt(
+        0.0, "smallest validation F1 gain that counts as better for early stopping, as a fraction (0.001 = 0.1 points)")
     logging_steps: int = _opt(10, "log loss and learning rate every N updates")
     output_dir: str = _opt("runs/ner", "where checkpoints, the final export and metrics go")
     overwrite_output_dir: bool = _opt(False, "allow writing into a folder that holds another run")
@@ -109,7 +114,7 @@ class TrainConfig:
             if getattr(self, name) <= 0:
                 raise UserError(f"--{_flag(name)} must be positive (got {getattr(self, name)})")
         non_negative = ("max_tokens", "eval_steps", "save_steps", "logging_steps", "save_total_limit",
-                        "weight_decay", "max_grad_norm", "nproc", "window_stride_words")
+                        "weight_decay", "max_grad_norm", "nproc", "window_stride_words", "early_stopping_patience")
         for name in non_negative:
             if getattr(self, name) < 0:
                 raise UserError(f"--{_flag(name)} must be zero or more (got {getattr(self, name)})")
@@ -122,6 +127,10 @@ class TrainConfig:
         if self.max_seq_length < 8:
             raise UserError(f"--max-seq-length {self.max_seq_length} is too small: "
                             "a window needs [CLS], [SEP] and a few words (use 8 or more)")
+        if self.early_stopping_threshold < 0:
+            raise UserError(f"--early-stopping-threshold must be zero or more (got {self.early_stopping_threshold})")
+        if self.early_stopping_patience and self.no_eval:
+            raise UserError("--early-stopping-patience needs validation F1; drop --no-eval")
         if self.dist_timeout <= 0:
             raise UserError(f"--dist-timeout must be positive seconds (got {self.dist_timeout})")
         return self

@@ -27,6 +27,8 @@ log = logging.getLogger("ner")
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 PAD_TO_MULTIPLE_OF = 4  # batch widths; measured on CPU (docs/performance.md)
 BACKENDS = ("accelerate", "raw-ddp", "data-parallel")
+# Accelerate's trackers (accelerate.tracking.LOGGER_TYPE_TO_CLASS; a test keeps the two equal).
+TRACKERS = ("tensorboard", "wandb", "mlflow", "comet_ml", "aim", "clearml", "dvclive", "swanlab", "trackio")
 
 
 def _opt(default: Any, help: str, **extra: Any) -> Any:
@@ -100,8 +102,10 @@ class TrainConfig:
     save_total_limit: int = _opt(2, "newest checkpoints kept (the best one is always kept too); 0: keep all")
     resume: str | None = _opt(None, "`auto` (newest complete checkpoint in --output-dir) or a checkpoint folder")
     quiet: bool = _opt(False, "no progress bars")
-    report_to: str = _opt("none", "also log to this tracker through Accelerate (metrics.jsonl is always written)",
-                          choices=("none", "tensorboard"))
+    report_to: str = _opt(
+        "none", "also log to these trackers through Accelerate, comma-separated: " + ", ".join(TRACKERS)
+        + "; all: every one installed; none: only metrics.jsonl (always written). Offline unless the "
+        "tracker's own settings name a server (docs/backends.md)")
     # distribution (which code path; the hardware itself comes from the launcher)
     backend: str = _opt("accelerate", "training backend (--raw-ddp / --data-parallel are shortcuts)",
                         choices=BACKENDS)
@@ -131,6 +135,7 @@ class TrainConfig:
             raise UserError(f"--early-stopping-threshold must be zero or more (got {self.early_stopping_threshold})")
         if self.early_stopping_patience and self.no_eval:
             raise UserError("--early-stopping-patience needs validation F1; drop --no-eval")
+        report_trackers(self.report_to)
         if self.dist_timeout <= 0:
             raise UserError(f"--dist-timeout must be positive seconds (got {self.dist_timeout})")
         return self
@@ -141,6 +146,18 @@ class TrainConfig:
     @property
     def output_path(self) -> Path:
         return Path(self.output_dir)
+
+
+def report_trackers(report_to: str) -> list[str]:
+    """--report-to as a list of tracker names: [] for none, ["all"] for all; anything else is an error."""
+    names = [name.strip() for name in report_to.split(",") if name.strip()]
+    if names in ([], ["none"]):
+        return []
+    unknown = [name for name in names if name not in (*TRACKERS, "all")]
+    if unknown or ("all" in names and len(names) > 1) or "none" in names:
+        raise UserError(f"--report-to {report_to}: expected none, all, or trackers separated by commas "
+                        f"from: {', '.join(TRACKERS)}")
+    return list(dict.fromkeys(names))
 
 
 # ----------------------------------------------------------------------------- auto values

@@ -36,7 +36,7 @@ log = logging.getLogger("ner")
 
 # What a finished or running job leaves; --overwrite-output-dir removes exactly these.
 RUN_MARKERS = ("checkpoints", "final", "metrics.jsonl", "predictions", "loss_lr.png", "validation_f1.png",
-               "per_type_f1.png", "confusion.png")
+               "per_type_f1.png", "confusion.png", "trackers")
 
 
 def setup_logging(is_main: bool) -> None:

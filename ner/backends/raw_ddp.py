@@ -8,7 +8,8 @@ Each step of the recipe is one function here: `_world()` reads RANK / LOCAL_RANK
 `_init()` calls init_process_group (nccl on CUDA, gloo on CPU) and set_device(local_rank),
 `prepare()` wraps in DistributedDataParallel and shards batches with a DistributedSampler,
 `set_epoch()` calls DistributedSampler.set_epoch, `wait_for_everyone()` is the barrier, and
-`launch()` calls destroy_process_group in a `finally`.
+`launch()` calls destroy_process_group in a `finally`. Under --mixed-precision fp16, `backward()`,
+`clip_grad_norm_()` and `step()` run the AMP recipe's GradScaler (LossScaler, ner/backends/__init__.py).
 """
 
 from __future__ import annotations

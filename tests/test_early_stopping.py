@@ -90,6 +90,13 @@ def test_two_raw_ddp_ranks_stop_at_the_same_update_as_one_process(tiny_bert_no_d
     assert [r["step"] for r in records(out) if r.get("stop") == "early_stopping"] == [one_process["stop"]]
 
 
+def test_data_parallel_stops_at_the_same_update(tiny_bert_no_dropout, tiny_data, tmp_path, one_process):
+    out = tmp_path / "dp"
+    train(early_stopping_args(tiny_bert_no_dropout, tiny_data, out, "--data-parallel",
+                              "--gradient-accumulation-steps", "2"))
+    assert read_state(list_checkpoints(out)[-1])["train_state"]["global_step"] == one_process["stop"]
+
+
 def test_resume_keeps_the_patience_counter(tiny_bert_no_dropout, tiny_data, tmp_path, one_process):
     """Killed at the evaluation before the stop (counter 1 of 2); the resumed run (under Accelerate)
     must stop at the same update, not count afresh and run on."""

@@ -4,6 +4,7 @@ Layout of `OUTPUT_DIR/checkpoints/step_<N>/`:
     model/              config.json (labels), model.safetensors, tokenizer files
     optimizer.pt        optimizer state (tensors and numbers only: loads with weights_only=True)
     scheduler.pt        LR scheduler state
+    scaler.pt           fp16 gradient scaler state (loss scale, growth tracker), when there is one
     rng_rank<R>.pt      python, numpy, torch and CUDA RNG states of rank R
     trainer_state.json  step, epoch, batch position, best F1, config, labels, library versions
     manifest.json       name, size and sha256 of every file above; written last
@@ -43,9 +44,12 @@ RESUME_MAY_CHANGE = {"output_dir", "resume", "quiet", "logging_steps", "eval_ste
                      "save_total_limit", "overwrite_output_dir", "backend", "nproc", "dist_timeout",
                      "no_eval", "validation_file", "test_file", "max_steps", "num_epochs", "report_to",
                      "attn_implementation"}
+# Not here: the early-stopping options. A checkpoint records the counter and whether the run
+# already stopped under the old values, so new ones would give a run that no single setting gives.
 # Options added after checkpoints were first written: a checkpoint without one ran with this value.
 ADDED_LATER = {"pad_to_multiple_of": 1, "context": "none", "context_tokens": 0, "document_column": "document",
-               "decode": "argmax"}
+               "decode": "argmax", "early_stopping_patience": 0, "early_stopping_threshold": 0.0}
+SCALER = "scaler.pt"
 
 
 def checkpoint_root(output_dir: Path) -> Path:
@@ -122,6 +126,8 @@ def save_checkpoint(backend: Backend, output_dir: Path, step: int, model, tokeni
         tokenizer.save_pretrained(tmp / "model")
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
         torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+        if backend.grad_scaler is not None:  # the same on every rank: overflow is checked after the all-reduce
+            torch.save(backend.grad_scaler.state_dict(), tmp / SCALER)
         (tmp / STATE).write_text(json.dumps(trainer_state, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     backend.wait_for_everyone()
     if backend.is_main_process:
@@ -235,9 +241,20 @@ def load_checkpoint(backend: Backend, folder: Path, model, optimizer, scheduler)
     load_weights(backend, folder, model)
     optimizer.load_state_dict(torch.load(folder / "optimizer.pt", map_location="cpu", weights_only=True))
     scheduler.load_state_dict(torch.load(folder / "scheduler.pt", weights_only=True))
+    load_scaler(backend, folder)
     rng_file = folder / f"rng_rank{backend.process_index}.pt"
     set_rng_state(torch.load(rng_file, weights_only=True))
     return read_state(folder)
+
+
+def load_scaler(backend: Backend, folder: Path) -> None:
+    """fp16: the loss scale the run had reached, or a fresh one for a checkpoint saved without scaling."""
+    if backend.grad_scaler is None:
+        return
+    if (folder / SCALER).is_file():
+        backend.grad_scaler.load_state_dict(torch.load(folder / SCALER, weights_only=True))
+    else:
+        log.warning("%s: no %s (saved without fp16 loss scaling); the loss scale starts afresh", folder, SCALER)
 
 
 def rotate(output_dir: Path, keep_newest: int, best_step: int | None) -> None:

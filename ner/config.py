@@ -28,6 +28,8 @@ log = logging.getLogger("ner")
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 PAD_TO_MULTIPLE_OF = 4  # batch widths; measured on CPU (docs/performance.md)
 BACKENDS = ("accelerate", "raw-ddp", "data-parallel")
+# Accelerate's trackers (accelerate.tracking.LOGGER_TYPE_TO_CLASS; a test keeps the two equal).
+TRACKERS = ("tensorboard", "wandb", "mlflow", "comet_ml", "aim", "clearml", "dvclive", "swanlab", "trackio")
 
 
 def _opt(default: Any, help: str, **extra: Any) -> Any:
@@ -97,20 +99,27 @@ class TrainConfig:
                        "or argmax; used by evaluation here and by default by ner.predict / ner.evaluate",
                        choices=("viterbi", "argmax"))
     mixed_precision: str = _opt(
-        "auto", "autocast dtype; auto: bf16 where the device supports it, else fp32",
-        choices=("auto", "no", "bf16", "fp16"))
+        "auto", "autocast dtype; auto: bf16 where the device supports it, else fp32; fp16 (GPUs without bf16: "
+        "T4, V100) adds a gradient scaler", choices=("auto", "no", "bf16", "fp16"))
     # evaluation, logging, saving
     eval_steps: int = _opt(0, "evaluate every N updates; 0: at the end of each epoch")
     save_steps: int = _opt(0, "checkpoint every N updates too; epoch ends and new best models are always saved")
     no_eval: bool = _opt(False, "skip validation during training")
+    early_stopping_patience: int = _opt(
+        0, "stop after this many evaluations in a row without a validation F1 gain above "
+        "--early-stopping-threshold; 0: never stop early")
+    early_stopping_threshold: float = _opt(
+        0.0, "smallest validation F1 gain that counts as better for early stopping, as a fraction (0.001 = 0.1 points)")
     logging_steps: int = _opt(10, "log loss and learning rate every N updates")
     output_dir: str = _opt("runs/ner", "where checkpoints, the final export and metrics go")
     overwrite_output_dir: bool = _opt(False, "allow writing into a folder that holds another run")
     save_total_limit: int = _opt(2, "newest checkpoints kept (the best one is always kept too); 0: keep all")
     resume: str | None = _opt(None, "`auto` (newest complete checkpoint in --output-dir) or a checkpoint folder")
     quiet: bool = _opt(False, "no progress bars")
-    report_to: str = _opt("none", "also log to this tracker through Accelerate (metrics.jsonl is always written)",
-                          choices=("none", "tensorboard"))
+    report_to: str = _opt(
+        "none", "also log to these trackers through Accelerate, comma-separated: " + ", ".join(TRACKERS)
+        + "; all: every one installed; none: only metrics.jsonl (always written). Offline unless the "
+        "tracker's own settings name a server (docs/backends.md)")
     # distribution (which code path; the hardware itself comes from the launcher)
     backend: str = _opt("accelerate", "training backend (--raw-ddp / --data-parallel are shortcuts)",
                         choices=BACKENDS)
@@ -123,7 +132,8 @@ class TrainConfig:
             if getattr(self, name) <= 0:
                 raise UserError(f"--{_flag(name)} must be positive (got {getattr(self, name)})")
         non_negative = ("batch_size", "max_tokens", "eval_steps", "save_steps", "logging_steps", "save_total_limit",
-                        "weight_decay", "max_grad_norm", "nproc", "window_stride_words", "context_tokens")
+                        "weight_decay", "max_grad_norm", "nproc", "window_stride_words", "context_tokens",
+                        "early_stopping_patience")
         for name in non_negative:
             if getattr(self, name) < 0:
                 raise UserError(f"--{_flag(name)} must be zero or more (got {getattr(self, name)})")
@@ -139,6 +149,11 @@ class TrainConfig:
         if 2 * self.context_tokens >= self.max_seq_length - 2:
             raise UserError(f"--context-tokens {self.context_tokens} leaves no room in a window of "
                             f"--max-seq-length {self.max_seq_length} (use less than {(self.max_seq_length - 2) // 2})")
+        if self.early_stopping_threshold < 0:
+            raise UserError(f"--early-stopping-threshold must be zero or more (got {self.early_stopping_threshold})")
+        if self.early_stopping_patience and self.no_eval:
+            raise UserError("--early-stopping-patience needs validation F1; drop --no-eval")
+        report_trackers(self.report_to)
         if self.dist_timeout <= 0:
             raise UserError(f"--dist-timeout must be positive seconds (got {self.dist_timeout})")
         return self
@@ -149,6 +164,18 @@ class TrainConfig:
     @property
     def output_path(self) -> Path:
         return Path(self.output_dir)
+
+
+def report_trackers(report_to: str) -> list[str]:
+    """--report-to as a list of tracker names: [] for none, ["all"] for all; anything else is an error."""
+    names = [name.strip() for name in report_to.split(",") if name.strip()]
+    if names in ([], ["none"]):
+        return []
+    unknown = [name for name in names if name not in (*TRACKERS, "all")]
+    if unknown or ("all" in names and len(names) > 1) or "none" in names:
+        raise UserError(f"--report-to {report_to}: expected none, all, or trackers separated by commas "
+                        f"from: {', '.join(TRACKERS)}")
+    return list(dict.fromkeys(names))
 
 
 # ----------------------------------------------------------------------------- auto values

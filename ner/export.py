@@ -57,7 +57,7 @@ HYPERPARAMETERS = (
     ("lr_scheduler", "schedule after warmup"), ("warmup_ratio", "warmup ratio"), ("weight_decay", "weight decay"),
     ("max_grad_norm", "gradient clipping (L2 norm)"), ("max_seq_length", "subword tokens per window"),
     ("label_all_subwords", "loss on every subword"), ("mixed_precision", "mixed precision"), ("seed", "seed"),
-    ("backend", "training backend"))
+    ("early_stopping_patience", "early stopping patience (evaluations; 0: off)"), ("backend", "training backend"))
 HUB_ID = re.compile(r"([A-Za-z0-9][\w.-]*/)?[A-Za-z0-9][\w.-]*")  # `name` (legacy ids) or `org/name`
 
 
@@ -124,7 +124,8 @@ def _training_section(args: dict, metrics: dict) -> str:
     last_loss = metrics.get("train_loss_last")
     facts = [("optimizer updates", args.get("global_step", metrics.get("global_step"))),
              ("best validation step", metrics.get("best_step")),
-             ("last training loss", f"{last_loss:.4f}" if last_loss is not None else None)]
+             ("last training loss", f"{last_loss:.4f}" if last_loss is not None else None),
+             ("stopped", metrics.get("stop_reason"))]
     rows += [f"| {label} | `{value}` |" for label, value in facts if value is not None]
     versions = ", ".join(f"{name} {version}" for name, version in sorted(args.get("versions", {}).items()))
     base = packaged_copy_of(args["model"]) or args["model"]

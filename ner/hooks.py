@@ -1,8 +1,9 @@
 """Training hooks: what happens around each update.
 
 The progress bar; metrics.jsonl (loss, learning rate and tokens per logged interval, every
-evaluation); the evaluation and checkpoint schedule; the trainer state a checkpoint carries;
-library versions; and the fault-injection hook the reliability tests use.
+evaluation, why training stopped); the evaluation and checkpoint schedule; early stopping; the
+trainer state a checkpoint carries; library versions; and the fault-injection hook the
+reliability tests use.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import signal
 import time
 from pathlib import Path
 
+import torch
 from tqdm.auto import tqdm
 
 from ner import checkpoint as ckpt
@@ -77,6 +79,19 @@ def trainer_state(cfg, state: TrainState, data, world_size: int) -> dict:
             "eval_history": state.eval_history, "best_step": state.best_step, "versions": versions()}
 
 
+def count_without_improvement(state: TrainState, f1: float, threshold: float, backend: Backend) -> int:
+    """The early-stopping counter after an evaluation, as rank 0 computed it, on every rank.
+
+    Call before `state.best_f1` takes the new score. Rank 0 decides and the others take its
+    value: were each rank to decide on its own, one rank stopping a step before another would
+    leave the other waiting in its next collective until --dist-timeout.
+    """
+    improved = state.best_f1 is None or f1 > state.best_f1 + threshold
+    count = 0 if improved else state.evals_without_improvement + 1
+    mine = torch.tensor(float(count if backend.is_main_process else 0), device=backend.device)
+    return int(backend.reduce_sum(mine).item())
+
+
 class TokenCounter:
     """Real (non-pad) and computed (padded) tokens of every micro-batch between two log records."""
 
@@ -135,7 +150,10 @@ class RunHooks:
             mean_loss = sum(self.losses_since_log) / len(self.losses_since_log)
             self.losses_since_log = []
             self.bar.set_postfix(loss=f"{mean_loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tokens['tokens_per_s']:.0f}")
-            self._write({"step": state.global_step, "epoch": state.epoch, "loss": mean_loss, "lr": lr, **tokens})
+            record = {"step": state.global_step, "epoch": state.epoch, "loss": mean_loss, "lr": lr, **tokens}
+            if self.backend.grad_scaler is not None:  # fp16: a falling scale means overflowing gradients
+                record.update(loss_scale=self.backend.grad_scaler.get_scale(), skipped_steps=len(state.skipped_steps))
+            self._write(record)
         if self.cfg.eval_steps and state.global_step % self.cfg.eval_steps == 0:
             self.evaluate(state)
         if self.cfg.save_steps and state.global_step % self.cfg.save_steps == 0:
@@ -152,7 +170,7 @@ class RunHooks:
         self.save(state)  # every epoch end, whatever --save-steps says (a no-op if this step is saved)
         self.epoch_start = time.perf_counter()
 
-    def evaluate(self, state: TrainState) -> dict | None:
+    def evaluate(self, state: TrainState, can_stop: bool = True) -> dict | None:
         eval_set = self.data.eval_sets.get("validation")
         if eval_set is None or self.cfg.no_eval:
             return None
@@ -163,11 +181,26 @@ class RunHooks:
         self._write({"step": state.global_step, "epoch": state.epoch, "eval": scores})
         if self.is_main:
             self.bar.write(f"step {state.global_step} validation {format_scores(scores)}")
+        if self.cfg.early_stopping_patience and can_stop:
+            state.evals_without_improvement = count_without_improvement(
+                state, scores["f1"], self.cfg.early_stopping_threshold, self.backend)
+            if state.evals_without_improvement >= self.cfg.early_stopping_patience:
+                state.stop_reason = (
+                    f"early stopping: {state.evals_without_improvement} evaluations without a validation F1 gain "
+                    f"above {self.cfg.early_stopping_threshold:g} (best F1 {state.best_f1 * 100:.2f} at step "
+                    f"{state.best_step})")
         if state.best_f1 is None or scores["f1"] > state.best_f1:
             state.best_f1, state.best_step = scores["f1"], state.global_step
             self.best_predictions = predicted  # the export's validation predictions, without a second pass
             self.save(state)  # the best model must exist on disk whatever --save-steps says
         return scores
+
+    def on_train_end(self, state: TrainState, planned: str) -> None:
+        """Why training stopped, in the log and in metrics.jsonl."""
+        reason = state.stop_reason or planned
+        log.info("training stopped at step %d: %s", state.global_step, reason)
+        self._write({"step": state.global_step, "epoch": state.epoch,
+                     "stop": "early_stopping" if state.stop_reason else "planned", "reason": reason})
 
     def save(self, state: TrainState) -> Path:
         if self.last_saved and self.last_saved[0] == state.global_step:

@@ -38,6 +38,9 @@ class TrainState:
     step_losses: list[float] = field(default_factory=list)
     step_batches: list[int] = field(default_factory=list)  # crc32 of each update's sentence ids (rank 0)
     eval_history: list[dict] = field(default_factory=list)
+    skipped_steps: list[int] = field(default_factory=list)  # fp16 overflow: no optimizer or scheduler step
+    evals_without_improvement: int = 0  # the early-stopping patience counter
+    stop_reason: str | None = None  # set when training ends before its planned length
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -55,8 +58,12 @@ def token_loss_sum(model: torch.nn.Module, batch: dict, backend: Backend) -> tup
 
 
 def train_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: LRScheduler,
-                 micro_batches: list[dict], backend: Backend, max_grad_norm: float) -> float:
-    """One optimizer update over this rank's micro-batches; returns the global mean token loss."""
+                 micro_batches: list[dict], backend: Backend, max_grad_norm: float) -> tuple[float, bool]:
+    """One optimizer update over this rank's micro-batches.
+
+    Returns the global mean token loss, and whether the weights changed: under fp16 an update
+    whose gradients overflowed is skipped, and then the schedule must not advance either.
+    """
     local_tokens = sum(int((b["labels"] != IGNORE_INDEX).sum()) for b in micro_batches)
     global_tokens = backend.reduce_sum(torch.tensor(float(local_tokens), device=backend.device)).item()
     scale = backend.num_processes / max(global_tokens, 1.0)
@@ -70,10 +77,11 @@ def train_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sched
         loss_total += loss_sum.detach()
     if max_grad_norm > 0:
         backend.clip_grad_norm_(model.parameters(), max_grad_norm)
-    optimizer.step()
-    scheduler.step()
+    stepped = backend.step(optimizer)
+    if stepped:
+        scheduler.step()
     optimizer.zero_grad(set_to_none=True)
-    return backend.reduce_sum(loss_total).item() / max(global_tokens, 1.0)
+    return backend.reduce_sum(loss_total).item() / max(global_tokens, 1.0), stepped
 
 
 def batch_fingerprint(micro_batches: list[dict]) -> int:
@@ -107,17 +115,25 @@ class Hooks(Protocol):
 def fit(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: LRScheduler,
         train_loader: Iterable[dict], backend: Backend, state: TrainState, total_steps: int,
         num_epochs: int | None, accumulation: int, max_grad_norm: float, hooks: Hooks) -> TrainState:
-    """Epochs of updates until `total_steps`; resumes from `state` (epoch and batch position)."""
-    while state.global_step < total_steps and (num_epochs is None or state.epoch < num_epochs):
+    """Epochs of updates until `total_steps` or an early stop; resumes from `state` (epoch and batch position).
+
+    `global_step` counts updates attempted (each consumes its batches); one skipped on fp16
+    overflow is listed in `state.skipped_steps`, so the scheduler has stepped
+    `global_step - len(skipped_steps)` times.
+    """
+    while (state.stop_reason is None and state.global_step < total_steps
+           and (num_epochs is None or state.epoch < num_epochs)):
         backend.set_epoch(train_loader, state.epoch, state.batches_done)
         for group in grouped(train_loader, accumulation, backend.device):
-            loss = train_update(model, optimizer, scheduler, group, backend, max_grad_norm)
+            loss, stepped = train_update(model, optimizer, scheduler, group, backend, max_grad_norm)
             state.global_step += 1
             state.batches_done += len(group)
             state.step_losses.append(loss)
             state.step_batches.append(batch_fingerprint(group))
+            if not stepped:
+                state.skipped_steps.append(state.global_step)
             hooks.on_update(state, loss, group)
-            if num_epochs is None and state.global_step >= total_steps:
+            if state.stop_reason is not None or (num_epochs is None and state.global_step >= total_steps):
                 return state
         state.epoch += 1
         state.batches_done = 0

@@ -45,7 +45,7 @@ log = logging.getLogger("ner")
 
 # What a finished or running job leaves; --overwrite-output-dir removes exactly these.
 RUN_MARKERS = ("checkpoints", "final", "metrics.jsonl", "predictions", "loss_lr.png", "validation_f1.png",
-               "per_type_f1.png", "confusion.png")
+               "per_type_f1.png", "confusion.png", "trackers")
 
 
 def setup_logging(is_main: bool) -> None:
@@ -160,6 +160,9 @@ def run(cfg: TrainConfig, backend: Backend) -> dict:
     splits = read_data(cfg)
     cfg = resolve_context(cfg, has_documents(splits.train))
     data = prepare_data(cfg, splits)
+    if cfg.early_stopping_patience and "validation" not in data.eval_features:
+        raise UserError("--early-stopping-patience needs validation data: pass --validation-file (or a --dataset "
+                        "with a validation split)")
     resume_from = ckpt.resolve_resume(cfg.resume, cfg.output_path)
     world = backend.num_processes
     cfg = resolve_auto(cfg, hidden_size=encoder_hidden_size(cfg.model, cfg.trust_remote_code),
@@ -195,6 +198,8 @@ def run(cfg: TrainConfig, backend: Backend) -> dict:
     fit(model, optimizer, scheduler, loader, backend, state, total_steps, num_epochs,
         cfg.gradient_accumulation_steps, cfg.max_grad_norm, hooks)
     hooks.close()
+    hooks.on_train_end(state, f"reached --max-steps {total_steps}" if num_epochs is None
+                       else f"completed {num_epochs} epochs ({state.global_step} updates)")
     return finish(cfg, backend, model, data, state, hooks)
 
 
@@ -216,7 +221,7 @@ def finish(cfg: TrainConfig, backend: Backend, model: torch.nn.Module, data: Pre
            hooks: RunHooks) -> dict:
     """Final checkpoint, best weights back in, test score, export to OUTPUT_DIR/final."""
     if not state.eval_history or state.eval_history[-1]["step"] != state.global_step:
-        hooks.evaluate(state)  # --max-steps can stop between scheduled evaluations
+        hooks.evaluate(state, can_stop=False)  # --max-steps can stop between scheduled evaluations
     last = hooks.save(state)
     best = ckpt.checkpoint_root(cfg.output_path) / f"step_{state.best_step}"
     source = best if state.best_step is not None and best.is_dir() else last
@@ -224,7 +229,8 @@ def finish(cfg: TrainConfig, backend: Backend, model: torch.nn.Module, data: Pre
         ckpt.load_weights(backend, source, model)
         log.info("best validation F1 %.2f at step %d: exporting that model", state.best_f1 * 100, state.best_step)
     metrics = {"validation": hooks.best_scores(), "best_step": state.best_step, "global_step": state.global_step,
-               "train_loss_last": state.step_losses[-1] if state.step_losses else None}
+               "train_loss_last": state.step_losses[-1] if state.step_losses else None,
+               "stop_reason": state.stop_reason}
     if "test" in data.eval_sets:
         scores = evaluate(model, data.eval_sets["test"], backend, data.tokenizer.pad_token_id, data.decoder)
         metrics["test"] = scores

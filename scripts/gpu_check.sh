@@ -4,7 +4,9 @@
 # Trains the packaged MiniLM for a few steps on the shipped sample through every backend and
 # checks that they agree: Accelerate (gpu.yaml, and multi_gpu.yaml when 2+ GPUs), raw DDP under
 # torchrun, and nn.DataParallel. fp32 (--mixed-precision no) so agreement is tight; then one bf16
-# Accelerate run to show the default precision path works. Prints one line per run and a verdict.
+# Accelerate run to show the default precision path works, and fp16 on each backend (gradient
+# scaler: Accelerate's own, and torch.amp.GradScaler in the raw ones). Prints one line per run and
+# a verdict. The fp16 overflow and resume tests: python -m pytest -m gpu tests/test_fp16.py
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT_DIR:-/tmp/ner_gpu_check}
@@ -35,6 +37,10 @@ if [ "$GPUS" -ge 2 ]; then
 fi
 COMMON[7]=bf16
 run accelerate_bf16 accelerate launch --config_file accelerate_configs/gpu.yaml ner/train.py
+COMMON[7]=fp16
+run accelerate_fp16 accelerate launch --config_file accelerate_configs/gpu.yaml ner/train.py
+run raw_ddp_fp16 torchrun --standalone --nproc_per_node=1 -m ner.train --raw-ddp
+run data_parallel_fp16 env CUDA_VISIBLE_DEVICES=0 python -m ner.train --data-parallel
 
 python - "$OUT" <<'PY'
 import json, sys
@@ -52,7 +58,7 @@ for run in runs:
     losses, weights = last(run)
     dl = max(abs(a - b) for a, b in zip(losses, ref_losses))
     dw = max((weights[k].float() - ref_weights[k].float()).abs().max().item() for k in weights)
-    tol = 5e-2 if run.endswith("bf16") else (2e-3 if run.endswith(("_2", "_multi")) else 1e-4)
+    tol = 5e-2 if run.endswith(("bf16", "fp16")) else (2e-3 if run.endswith(("_2", "_multi")) else 1e-4)
     verdict = "agree" if dl <= tol else "DIFFER"
     ok &= verdict == "agree"
     print(f"{run:18s} final loss {losses[-1]:.5f}  max |dloss| {dl:.2e}  max |dweight| {dw:.2e}  {verdict}")

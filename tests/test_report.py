@@ -128,8 +128,11 @@ def test_model_card_names_every_metric(tmp_path):
     args = {"model": "bert-base-cased", "label_list": build_label_list(read_conll(write_conll(tmp_path))),
             "tag_scheme": "iob2", "train_file": "train.conll", "validation_file": "valid.conll", "num_epochs": 3,
             "learning_rate": 5e-5, "batch_size": 32, "global_step": 120}
-    card = model_card(args, {"validation": validation, "test": test, "best_step": 100, "global_step": 120,
-                             "train_loss_last": 0.05})
+    stopped = "early stopping: 3 evaluations without a validation F1 gain above 0 (best F1 91.00 at step 100)"
+    card = model_card({**args, "early_stopping_patience": 3},
+                      {"validation": validation, "test": test, "best_step": 100, "global_step": 120,
+                       "train_loss_last": 0.05, "stop_reason": stopped})
+    assert f"| stopped | `{stopped}` |" in card and "| early stopping patience (evaluations; 0: off) | `3` |" in card
     for split_scores in (validation, test):
         assert f"| **overall** | {split_scores['precision'] * 100:.2f} |" in card
         assert f"{split_scores['f1'] * 100:.2f}" in card

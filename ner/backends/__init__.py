@@ -41,6 +41,11 @@ class Backend(Protocol):
 
     def clip_grad_norm_(self, parameters, max_norm: float) -> torch.Tensor: ...
 
+    def step(self, optimizer) -> bool: ...
+
+    @property
+    def grad_scaler(self) -> torch.amp.GradScaler | None: ...
+
     def reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor: ...
 
     def gather_object(self, obj: Any) -> list: ...
@@ -79,6 +84,38 @@ def autocast_for(device: torch.device, precision: str) -> ContextManager:
         return contextlib.nullcontext()
     dtype = torch.bfloat16 if precision == "bf16" else torch.float16
     return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+class LossScaler:
+    """The gradient-scaler step of the classic AMP recipe, for the plain-torch backends.
+
+    fp16 has 5 exponent bits: small gradients underflow to zero. So the loss is multiplied by
+    a large scale before backward, gradients are divided by it again before clipping, and an
+    update whose gradients overflowed (inf/nan) is skipped while the scale halves. Accelerate
+    does the same inside `accelerator.backward` / its prepared optimizer, so it does not use this.
+    """
+
+    def __init__(self, device: torch.device, precision: str) -> None:
+        self.scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
+        self.optimizer: torch.optim.Optimizer | None = None  # set by the backend's prepare()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        (loss if self.scaler is None else self.scaler.scale(loss)).backward()
+
+    def clip_grad_norm_(self, parameters, max_norm: float) -> torch.Tensor:
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the scaled ones
+        return torch.nn.utils.clip_grad_norm_(parameters, max_norm)
+
+    def step(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Step unless the gradients overflowed; True if the weights were updated."""
+        if self.scaler is None:
+            optimizer.step()
+            return True
+        scale = self.scaler.get_scale()
+        self.scaler.step(optimizer)  # skips optimizer.step() when a gradient is inf or nan
+        self.scaler.update()  # halves the scale after an overflow, doubles it after 2000 clean steps
+        return self.scaler.get_scale() >= scale
 
 
 def launch(cfg, worker: Callable[[Backend], None], local_rank_arg: int | None = None) -> None:

@@ -17,8 +17,7 @@ import logging
 import torch
 from torch.nn.parallel import DataParallel
 
-from ner.backends import autocast_for, resolve_precision
-from ner.errors import UserError
+from ner.backends import LossScaler, autocast_for, resolve_precision
 
 log = logging.getLogger(__name__)
 
@@ -35,10 +34,10 @@ class DataParallelBackend:
             log.warning("--data-parallel: %d GPU(s) visible, need 2 or more to split batches; "
                         "training on %s", gpus, self.device)
         self.mixed_precision = resolve_precision(cfg.mixed_precision, self.device)
-        if self.mixed_precision == "fp16":
-            raise UserError("--mixed-precision fp16 needs a gradient scaler; with --data-parallel use bf16 or no")
+        self.amp = LossScaler(self.device, self.mixed_precision)
 
     def prepare(self, model, optimizer, train_loader):
+        self.amp.optimizer = optimizer
         return DataParallel(model), optimizer, train_loader
 
     def set_epoch(self, train_loader, epoch: int, skip_batches: int) -> None:
@@ -47,7 +46,7 @@ class DataParallelBackend:
     def backward(self, loss: torch.Tensor) -> None:
         # .mean(): were the loss computed inside the replicas, DataParallel would return one
         # per GPU; ours is already a scalar, so this is a no-op kept for that reason.
-        loss.mean().backward()
+        self.amp.backward(loss.mean())
 
     def no_sync(self, model):
         return contextlib.nullcontext()  # one process: gradients are never all-reduced
@@ -56,7 +55,14 @@ class DataParallelBackend:
         return autocast_for(self.device, self.mixed_precision)
 
     def clip_grad_norm_(self, parameters, max_norm: float):
-        return torch.nn.utils.clip_grad_norm_(parameters, max_norm)
+        return self.amp.clip_grad_norm_(parameters, max_norm)
+
+    def step(self, optimizer) -> bool:
+        return self.amp.step(optimizer)
+
+    @property
+    def grad_scaler(self):
+        return self.amp.scaler
 
     def reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor

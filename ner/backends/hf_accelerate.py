@@ -6,15 +6,78 @@
 
 from __future__ import annotations
 
+import importlib.util
+import logging
 import os
 from datetime import timedelta
+from pathlib import Path
 
+import accelerate.utils
 import torch
 from accelerate import Accelerator
-from accelerate.utils import InitProcessGroupKwargs, gather_object, is_tensorboard_available
+from accelerate.utils import InitProcessGroupKwargs, gather_object
 
 from ner.backends import resolve_precision
+from ner.config import TRACKERS, report_trackers
 from ner.errors import UserError
+
+log = logging.getLogger("ner")
+TRACKERS_DIR = "trackers"  # OUTPUT_DIR/trackers/: every tracker's local files
+
+
+def tracker_installed(name: str) -> bool:
+    return getattr(accelerate.utils, f"is_{name}_available")()
+
+
+def chosen_trackers(report_to: str) -> list[str]:
+    """--report-to as tracker names; `all` is every installed one, a named one must be installed."""
+    names = report_trackers(report_to)
+    if names == ["all"]:
+        installed = [name for name in TRACKERS if tracker_installed(name)]
+        if not installed:
+            log.warning("--report-to all: no tracker is installed; only metrics.jsonl is written")
+        return installed
+    missing = [name for name in names if not tracker_installed(name)]
+    if missing:
+        raise UserError(f"--report-to {report_to}: {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} "
+                        f"not installed (pip install {' '.join(missing)}), or drop "
+                        f"{'it' if len(missing) == 1 else 'them'}: metrics.jsonl has the same numbers")
+    return names
+
+
+def offline_tracker_kwargs(names: list[str], folder: Path, resuming: bool) -> dict:
+    """Keep every tracker's files in `folder`, offline unless the tracker's own setting names a server.
+
+    Some trackers read their mode only from the environment, hence setdefault: a value the user
+    exported wins. docs/backends.md has the table of where each writes and how to go online.
+    """
+    kwargs: dict[str, dict] = {}
+    if "wandb" in names:
+        kwargs["wandb"] = {"dir": str(folder)} | ({} if "WANDB_MODE" in os.environ else {"mode": "offline"})
+    if "mlflow" in names and "MLFLOW_TRACKING_URI" not in os.environ:
+        if importlib.util.find_spec("sqlalchemy"):  # mlflow's own default store, in our folder
+            os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{(folder / 'mlflow.db').resolve()}"
+        else:  # mlflow-skinny has no database driver: its file store, which it now asks to opt into
+            os.environ["MLFLOW_TRACKING_URI"] = (folder / "mlruns").resolve().as_uri()
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")  # mlflow 3 reports usage online otherwise
+    if "comet_ml" in names:
+        os.environ.setdefault("COMET_OFFLINE_DIRECTORY", str(folder / "comet_ml"))
+        kwargs["comet_ml"] = {} if "COMET_START_ONLINE" in os.environ else {"online": False}
+    if "clearml" in names and not (os.environ.get("CLEARML_API_HOST") or os.environ.get("CLEARML_CONFIG_FILE")
+                                   or Path("~/clearml.conf").expanduser().is_file()):
+        os.environ.setdefault("CLEARML_OFFLINE_MODE", "1")
+        os.environ.setdefault("CLEARML_CACHE_DIR", str(folder / "clearml"))  # the offline session goes there
+    if "clearml" in names:  # its framework hooks re-log what we log, and break matplotlib (our plots)
+        kwargs["clearml"] = {"auto_connect_frameworks": False}
+    if "dvclive" in names:  # resume=True: a resumed run appends instead of clearing the folder
+        kwargs["dvclive"] = {"dir": str(folder / "dvclive"), "resume": resuming, "save_dvc_exp": False}
+    if "swanlab" in names:
+        kwargs["swanlab"] = {"log_dir": str(folder / "swanlog")} | (
+            {} if "SWANLAB_MODE" in os.environ else {"mode": "offline"})
+    if "trackio" in names:
+        os.environ.setdefault("TRACKIO_DIR", str(folder / "trackio"))
+    return kwargs
 
 
 class AccelerateBackend:
@@ -26,18 +89,15 @@ class AccelerateBackend:
         if precision == "auto":
             device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
             precision = resolve_precision("auto", device)
-        tracker = None if cfg.report_to == "none" else cfg.report_to
-        if tracker == "tensorboard" and not is_tensorboard_available():
-            raise UserError("--report-to tensorboard: tensorboard is not installed (pip install tensorboard), "
-                            "or drop the flag: metrics.jsonl has the same numbers")
+        trackers = chosen_trackers(cfg.report_to)
         try:
             # cpu=True on machines without an accelerator: Accelerate only treats a multi-process
             # launch as MULTI_CPU (gloo) when told the job is CPU-only.
             self.accelerator = Accelerator(
                 cpu=not torch.accelerator.is_available(),
                 mixed_precision=precision,
-                log_with=tracker,
-                project_dir=cfg.output_dir,
+                log_with=trackers or None,
+                project_dir=str(Path(cfg.output_dir) / TRACKERS_DIR),
                 kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=cfg.dist_timeout))])
         except ValueError as exc:
             raise UserError(f"--mixed-precision {precision}: {exc}") from None
@@ -46,7 +106,9 @@ class AccelerateBackend:
         self.process_index = self.accelerator.process_index
         self.mixed_precision = self.accelerator.mixed_precision
         self._batch_sampler = None
-        self._tracking = tracker is not None
+        self._trackers = trackers
+        self._trackers_dir = Path(cfg.output_dir) / TRACKERS_DIR
+        self._tracker_kwargs = offline_tracker_kwargs(trackers, self._trackers_dir, resuming=cfg.resume is not None)
         self._config = cfg.to_dict()
 
     @property
@@ -75,7 +137,15 @@ class AccelerateBackend:
         return self.accelerator.autocast()
 
     def clip_grad_norm_(self, parameters, max_norm: float):
-        return self.accelerator.clip_grad_norm_(parameters, max_norm)
+        return self.accelerator.clip_grad_norm_(parameters, max_norm)  # unscales first under fp16
+
+    def step(self, optimizer) -> bool:
+        optimizer.step()  # the prepared optimizer runs Accelerate's own GradScaler under fp16 on GPUs
+        return not optimizer.step_was_skipped
+
+    @property
+    def grad_scaler(self):
+        return self.accelerator.scaler  # None unless fp16 on an accelerator
 
     def reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         return self.accelerator.reduce(tensor, reduction="sum")
@@ -90,10 +160,13 @@ class AccelerateBackend:
         self.accelerator.wait_for_everyone()
 
     def log_metrics(self, values: dict, step: int) -> None:
-        if self._tracking:
+        if self._trackers:
             if not self.accelerator.trackers:  # after the output folder exists and holds no other run
+                if self.is_main_process:
+                    self._trackers_dir.mkdir(parents=True, exist_ok=True)  # mlflow's sqlite file needs its folder
+                    log.info("--report-to: %s, local files in %s", ", ".join(self._trackers), self._trackers_dir)
                 config = {k: v if isinstance(v, (int, float, str, bool)) else str(v) for k, v in self._config.items()}
-                self.accelerator.init_trackers("tensorboard", config=config)
+                self.accelerator.init_trackers("ner", config=config, init_kwargs=self._tracker_kwargs)
             self.accelerator.log(values, step=step)
 
     def end(self) -> None:

@@ -8,7 +8,8 @@ Each step of the recipe is one function here: `_world()` reads RANK / LOCAL_RANK
 `_init()` calls init_process_group (nccl on CUDA, gloo on CPU) and set_device(local_rank),
 `prepare()` wraps in DistributedDataParallel and shards batches with a DistributedSampler,
 `set_epoch()` calls DistributedSampler.set_epoch, `wait_for_everyone()` is the barrier, and
-`launch()` calls destroy_process_group in a `finally`.
+`launch()` calls destroy_process_group in a `finally`. Under --mixed-precision fp16, `backward()`,
+`clip_grad_norm_()` and `step()` run the AMP recipe's GradScaler (LossScaler, ner/backends/__init__.py).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from ner.backends import autocast_for, resolve_precision
+from ner.backends import LossScaler, autocast_for, resolve_precision
 from ner.errors import USAGE_EXIT_CODE, UserError, report
 
 log = logging.getLogger(__name__)
@@ -80,8 +81,7 @@ class RawDDPBackend:
         self.process_index, self.local_rank, self.num_processes = rank, local_rank, world_size
         self.device = _init(cfg, rank, local_rank, world_size)
         self.mixed_precision = resolve_precision(cfg.mixed_precision, self.device)
-        if self.mixed_precision == "fp16":
-            raise UserError("--mixed-precision fp16 needs a gradient scaler; with --raw-ddp use bf16 or no")
+        self.amp = LossScaler(self.device, self.mixed_precision)
 
     @property
     def is_main_process(self) -> bool:
@@ -91,13 +91,14 @@ class RawDDPBackend:
         # CPU (gloo): no device_ids; GPU: one device per process.
         device_ids = [self.local_rank] if self.device.type == "cuda" else None
         ddp_model = DistributedDataParallel(model, device_ids=device_ids)
+        self.amp.optimizer = optimizer
         return ddp_model, optimizer, _ShardedLoader(train_loader, self.process_index, self.num_processes)
 
     def set_epoch(self, train_loader, epoch: int, skip_batches: int) -> None:
         train_loader.set_epoch(epoch, skip_batches)
 
     def backward(self, loss: torch.Tensor) -> None:
-        loss.backward()
+        self.amp.backward(loss)
 
     def no_sync(self, model):
         return model.no_sync() if isinstance(model, DistributedDataParallel) else contextlib.nullcontext()
@@ -106,7 +107,14 @@ class RawDDPBackend:
         return autocast_for(self.device, self.mixed_precision)
 
     def clip_grad_norm_(self, parameters, max_norm: float):
-        return torch.nn.utils.clip_grad_norm_(parameters, max_norm)
+        return self.amp.clip_grad_norm_(parameters, max_norm)
+
+    def step(self, optimizer) -> bool:
+        return self.amp.step(optimizer)
+
+    @property
+    def grad_scaler(self):
+        return self.amp.scaler
 
     def reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         tensor = tensor.clone()

@@ -1,0 +1,141 @@
+"""--early-stopping-patience: training stops after N evaluations without a validation F1 gain above
+--early-stopping-threshold, at the same update on every rank, says why, exports the best model,
+and a resumed run keeps counting where the killed one was.
+
+The runs train the tiny BERT without dropout at a high learning rate for 6 epochs, evaluating
+every 4 updates: validation F1 sits at 0, climbs to 1.0 and stays there, so patience 2 stops
+the run well before its planned 48 updates. The expected stop is recomputed here from the
+logged evaluations, by the rule as the option's help states it.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import python_module, read_state, run_cli, tiny_args
+from safetensors.torch import load_file
+
+from ner import train as train_cli
+from ner.checkpoint import list_checkpoints
+from ner.hooks import count_without_improvement
+from ner.loop import TrainState
+
+PLANNED_UPDATES = 48  # 6 epochs x 8 updates (15 batches, 2 per update)
+EVAL_STEPS = 4
+PATIENCE = 2
+
+
+def early_stopping_args(model, data, out, *extra: str) -> list[str]:
+    return tiny_args(model, data, out, "--learning-rate", "5e-3", "--num-epochs", "6", "--eval-steps", str(EVAL_STEPS),
+                     "--early-stopping-patience", str(PATIENCE), "--save-steps", "4", "--save-total-limit", "0",
+                     *extra)
+
+
+def records(out) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def expected_stop(evaluations: list[tuple[int, float]], patience: int, threshold: float) -> int | None:
+    best, count = None, 0
+    for step, f1 in evaluations:
+        count = 0 if best is None or f1 > best + threshold else count + 1
+        best = f1 if best is None or f1 > best else best
+        if count >= patience:
+            return step
+    return None
+
+
+def train(args: list[str], env: dict | None = None):
+    result = run_cli(python_module("ner.train", *args), env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+@pytest.fixture(scope="module")
+def one_process(tiny_bert_no_dropout, tiny_data, tmp_path_factory):
+    """1 raw-DDP process, 2 micro-batches per update: the global batch of 2 ranks x 1."""
+    out = tmp_path_factory.mktemp("one") / "run"
+    result = train(early_stopping_args(tiny_bert_no_dropout, tiny_data, out, "--raw-ddp",
+                                       "--gradient-accumulation-steps", "2"))
+    evaluations = [(r["step"], r["eval"]["f1"]) for r in records(out) if "eval" in r]
+    stop = expected_stop(evaluations, PATIENCE, 0.0)
+    assert stop is not None and stop < PLANNED_UPDATES  # the data must make it stop early, or nothing is shown
+    return {"out": out, "stop": stop, "stderr": result.stderr, "state": read_state(list_checkpoints(out)[-1])}
+
+
+def test_one_process_stops_where_the_rule_says_says_why_and_exports_the_best(one_process):
+    out, stop, state = one_process["out"], one_process["stop"], one_process["state"]["train_state"]
+    assert state["global_step"] == stop and state["evals_without_improvement"] == PATIENCE
+    (stopped,) = [r for r in records(out) if "stop" in r]
+    assert stopped["step"] == stop and stopped["stop"] == "early_stopping"
+    assert f"{PATIENCE} evaluations without a validation F1 gain above 0" in stopped["reason"]
+    assert f"training stopped at step {stop}: early stopping" in one_process["stderr"]
+    final = json.loads((out / "final" / "metrics.json").read_text())
+    assert final["best_step"] == state["best_step"] < stop and final["stop_reason"] == stopped["reason"]
+    best = load_file(out / "checkpoints" / f"step_{state['best_step']}" / "model" / "model.safetensors")
+    exported = load_file(out / "final" / "model.safetensors")
+    assert all(torch.equal(best[k], exported[k]) for k in best)
+
+
+def test_two_raw_ddp_ranks_stop_at_the_same_update_as_one_process(tiny_bert_no_dropout, tiny_data, tmp_path,
+                                                                   one_process):
+    out = tmp_path / "two"
+    train(early_stopping_args(tiny_bert_no_dropout, tiny_data, out, "--raw-ddp", "--nproc", "2",
+                              "--dist-timeout", "60"))
+    state = read_state(list_checkpoints(out)[-1])
+    assert state["world_size"] == 2
+    assert state["train_state"]["global_step"] == one_process["stop"]
+    assert [r["step"] for r in records(out) if r.get("stop") == "early_stopping"] == [one_process["stop"]]
+
+
+def test_data_parallel_stops_at_the_same_update(tiny_bert_no_dropout, tiny_data, tmp_path, one_process):
+    out = tmp_path / "dp"
+    train(early_stopping_args(tiny_bert_no_dropout, tiny_data, out, "--data-parallel",
+                              "--gradient-accumulation-steps", "2"))
+    assert read_state(list_checkpoints(out)[-1])["train_state"]["global_step"] == one_process["stop"]
+
+
+def test_resume_keeps_the_patience_counter(tiny_bert_no_dropout, tiny_data, tmp_path, one_process):
+    """Killed at the evaluation before the stop (counter 1 of 2); the resumed run (under Accelerate)
+    must stop at the same update, not count afresh and run on."""
+    kill_step = one_process["stop"] - EVAL_STEPS
+    out = tmp_path / "killed"
+    args = early_stopping_args(tiny_bert_no_dropout, tiny_data, out, "--gradient-accumulation-steps", "2",
+                               "--resume", "auto")
+    killed = run_cli(python_module("ner.train", *args), env={"NER_FAULT_INJECT": f"kill:{kill_step}"})
+    assert killed.returncode == -9
+    assert read_state(out / "checkpoints" / f"step_{kill_step}")["train_state"]["evals_without_improvement"] == 1
+    train(args)
+    state = read_state(list_checkpoints(out)[-1])["train_state"]
+    assert state["global_step"] == one_process["stop"] and state["stop_reason"]
+
+
+class Rank:
+    """Stand-in backend for one rank; reduce_sum adds what rank 0 contributed."""
+
+    def __init__(self, is_main: bool, rank0_count: int = 0) -> None:
+        self.is_main_process, self.device, self.rank0_count = is_main, torch.device("cpu"), rank0_count
+
+    def reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor + (0 if self.is_main_process else self.rank0_count)
+
+
+def test_the_counter_is_rank_zeros_on_every_rank_and_gains_must_exceed_the_threshold():
+    state = TrainState(best_f1=0.5, evals_without_improvement=1)
+    assert count_without_improvement(state, 0.505, 0.01, Rank(is_main=True)) == 2  # a gain of 0.005 <= 0.01
+    assert count_without_improvement(state, 0.52, 0.01, Rank(is_main=True)) == 0
+    # this rank saw a gain, rank 0 did not: rank 0 decides, so both stop at the same update
+    assert count_without_improvement(state, 0.9, 0.0, Rank(is_main=False, rank0_count=2)) == 2
+
+
+def test_early_stopping_without_validation_is_one_clear_error(tiny_bert, tiny_data, tmp_path, capsys):
+    args = tiny_args(tiny_bert, tiny_data, tmp_path / "a", "--early-stopping-patience", "2", "--no-eval")
+    assert train_cli.main(args) == 2
+    assert "error: --early-stopping-patience needs validation F1; drop --no-eval" in capsys.readouterr().err
+    args = tiny_args(tiny_bert, tiny_data, tmp_path / "b", "--early-stopping-patience", "2")
+    del args[args.index("--validation-file"):args.index("--validation-file") + 2]
+    assert train_cli.main(args) == 2
+    assert "error: --early-stopping-patience needs validation data" in capsys.readouterr().err
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()

@@ -1,0 +1,118 @@
+"""fp16 with a gradient scaler: an overflowing update is skipped (weights, optimizer and schedule
+untouched) and the loss scale halves; resume restores the scaler bit-exactly.
+
+The raw backends run their own `torch.amp.GradScaler` and are tested on the CPU where torch can
+autocast to fp16 there. Accelerate has a scaler only on accelerators, so its case is `gpu`.
+An overflow is forced by multiplying the loss by 1e30 inside the backend's `backward`: scaled,
+its gradients exceed fp16's range in the autocast regions, as a real overflow does.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from conftest import read_state, tiny_args
+from safetensors.torch import load_file
+
+from ner import train as train_cli
+from ner.checkpoint import list_checkpoints
+
+
+def cpu_autocasts_fp16() -> bool:
+    try:
+        with torch.autocast("cpu", dtype=torch.float16):
+            return (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.float16
+    except RuntimeError:
+        return False
+
+
+def backend_class(name: str):
+    if name == "raw-ddp":
+        from ner.backends.raw_ddp import RawDDPBackend
+
+        return RawDDPBackend
+    if name == "data-parallel":
+        from ner.backends.data_parallel import DataParallelBackend
+
+        return DataParallelBackend
+    from ner.backends.hf_accelerate import AccelerateBackend
+
+    return AccelerateBackend
+
+
+BACKENDS = [
+    pytest.param("raw-ddp", marks=pytest.mark.skipif(not cpu_autocasts_fp16(), reason="no fp16 autocast on CPU")),
+    pytest.param("data-parallel", marks=pytest.mark.skipif(not cpu_autocasts_fp16(), reason="no fp16 autocast on CPU")),
+    pytest.param("accelerate", marks=pytest.mark.gpu),  # Accelerate's own scaler exists on accelerators only
+]
+FLAGS = {"raw-ddp": ["--raw-ddp"], "data-parallel": ["--data-parallel"], "accelerate": []}
+
+
+def force_overflow(monkeypatch, backend: str, on_calls: set[int]) -> None:
+    """The backend's backward, with the loss times 1e30 on the given calls (1-based) of this process."""
+    cls = backend_class(backend)
+    original = cls.backward
+    calls = {"n": 0}
+
+    def backward(self, loss):
+        calls["n"] += 1
+        original(self, loss * 1e30 if calls["n"] in on_calls else loss)
+
+    monkeypatch.setattr(cls, "backward", backward)
+
+
+def fp16_args(tiny_bert, tiny_data, out, backend: str, *extra: str) -> list[str]:
+    return tiny_args(tiny_bert, tiny_data, out, "--mixed-precision", "fp16", "--no-eval", "--save-total-limit", "0",
+                     *FLAGS[backend], *extra)
+
+
+def checkpoint(out, step: int):
+    return out / "checkpoints" / f"step_{step}"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_overflowing_update_is_skipped_and_the_scale_halves(tiny_bert, tiny_data, tmp_path, monkeypatch,
+                                                               backend):
+    out = tmp_path / "run"
+    force_overflow(monkeypatch, backend, on_calls={3})
+    assert train_cli.main(fp16_args(tiny_bert, tiny_data, out, backend, "--max-steps", "5", "--save-steps", "1",
+                                    "--warmup-ratio", "0", "--logging-steps", "1")) == 0
+    assert read_state(checkpoint(out, 5))["train_state"]["skipped_steps"] == [3]
+    scales = [torch.load(checkpoint(out, s) / "scaler.pt", weights_only=True)["scale"] for s in range(1, 6)]
+    assert scales == [65536.0, 65536.0, 32768.0, 32768.0, 32768.0]
+    # the skipped update changed neither the weights nor the optimizer...
+    before, after = (load_file(checkpoint(out, s) / "model" / "model.safetensors") for s in (2, 3))
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    steps = [torch.load(checkpoint(out, s) / "optimizer.pt", weights_only=True)["state"][0]["step"].item()
+             for s in (2, 3, 4)]
+    assert steps == [2.0, 2.0, 3.0]
+    # ...nor the schedule: linear decay over 5 updates, 4 of them taken at the end
+    lrs = [torch.load(checkpoint(out, s) / "scheduler.pt", weights_only=True)["_last_lr"][0] for s in (2, 3, 5)]
+    assert lrs == pytest.approx([1e-3 * 3 / 5, 1e-3 * 3 / 5, 1e-3 * 1 / 5], rel=1e-9)
+    logged = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
+    assert [r["loss_scale"] for r in logged] == scales and logged[-1]["skipped_steps"] == 1
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_resume_restores_the_loss_scale_bit_exactly(tiny_bert, tiny_data, tmp_path, monkeypatch, backend):
+    """Resume after the overflow (scale 32768, growth tracker counting) ends exactly like the run that went on."""
+    force_overflow(monkeypatch, backend, on_calls={3})
+    reference = tmp_path / "reference"
+    args = ("--max-steps", "8", "--save-steps", "4")
+    assert train_cli.main(fp16_args(tiny_bert, tiny_data, reference, backend, *args)) == 0
+    resumed = tmp_path / "resumed"
+    shutil.copytree(checkpoint(reference, 4), checkpoint(resumed, 4))
+    force_overflow(monkeypatch, backend, on_calls=set())
+    assert train_cli.main(fp16_args(tiny_bert, tiny_data, resumed, backend, *args, "--resume", "auto")) == 0
+    saved_scaler = torch.load(checkpoint(reference, 4) / "scaler.pt", weights_only=True)
+    assert saved_scaler["scale"] == 32768.0 and saved_scaler["_growth_tracker"] == 1
+    a, b = list_checkpoints(reference)[-1], list_checkpoints(resumed)[-1]
+    assert a.name == b.name == "step_8"
+    assert torch.load(a / "scaler.pt", weights_only=True) == torch.load(b / "scaler.pt", weights_only=True)
+    assert read_state(a)["train_state"]["step_losses"] == read_state(b)["train_state"]["step_losses"]
+    assert read_state(b)["train_state"]["skipped_steps"] == [3]
+    weights_a, weights_b = (load_file(c / "model" / "model.safetensors") for c in (a, b))
+    assert all(torch.equal(weights_a[k], weights_b[k]) for k in weights_a)

@@ -94,6 +94,22 @@ def read_conll(path: Path) -> list[Example]:
     return examples
 
 
+
+def read_conll_documents(path: Path) -> list[list[Example]]:
+    """read_conll's sentences grouped into documents at -DOCSTART- lines (one group if there are none)."""
+    path = Path(path)
+    starts = [n for n, line in enumerate(_read_text(path).splitlines(), start=1) if line.startswith(DOCSTART)]
+    documents: list[list[Example]] = []
+    next_start = 0
+    for example in read_conll(path):
+        if not documents or (next_start < len(starts) and example.lines[0] > starts[next_start]):
+            documents.append([])
+            while next_start < len(starts) and starts[next_start] < example.lines[0]:
+                next_start += 1
+        documents[-1].append(example)
+    return documents
+
+
 def write_columns(path: Path, sentences: Iterable[Iterable[tuple[str, ...]]]) -> Path:
     """One tab-separated row per word, a blank line after each sentence; written whole or not at all."""
     path = Path(path)

@@ -5,6 +5,7 @@ Training's evaluation (`predict_tags` / `evaluate`, sharded over ranks), `ner.pr
 
     from ner.infer import Tagger
     tags, probabilities = Tagger("runs/ner/final").tag(examples)
+    results = Tagger("runs/ner/final").predict(["Angela Merkel met Emmanuel Macron in Paris."])
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from ner.encode import (
 )
 from ner.errors import UserError
 from ner.metrics import entity_scores
+from ner.text import Word, split_words
 
 Progress = Callable  # tqdm-like: progress(iterable, desc=..., leave=...) -> iterable
 
@@ -144,3 +146,24 @@ class Tagger:
         flat_probs = np.zeros(offsets[-1], dtype=np.float32)
         flat_probs[offsets[sentence_ids] + word_ids] = probs
         return tags, [flat_probs[offsets[i]:offsets[i + 1]] for i in range(len(examples))]
+
+    def predict(self, texts: list[str], max_sentences: int = DEFAULT_MAX_SENTENCES,
+                max_tokens: int = DEFAULT_MAX_TOKENS, progress: Progress = no_progress) -> list[dict]:
+        """{"entities": [{"text", "type", "start", "end", "score"}]} per raw text; offsets are characters
+        (end exclusive) and `text == texts[i][start:end]`. A text longer than a window is windowed."""
+        split = [split_words(text) for text in texts]
+        examples = [Example([w for w, _, _ in words], ["O"] * len(words), "<text>") for words in split]
+        tags, probs = self.tag(examples, max_sentences, max_tokens, progress)
+        return [{"entities": char_entities(text, words, t, p)} for text, words, t, p in zip(texts, split, tags, probs)]
+
+
+def char_entities(text: str, words: list[Word], tags: list[str], probs: np.ndarray) -> list[dict]:
+    """Word-level entities (seqeval's reading of the tags) as character spans of `text`."""
+    from seqeval.metrics.sequence_labeling import get_entities
+
+    found = []
+    for kind, first, last in get_entities(tags):
+        start, end = words[first][1], words[last][2]
+        found.append({"text": text[start:end], "type": kind, "start": start, "end": end,
+                      "score": round(float(probs[first:last + 1].mean()), 4)})
+    return found

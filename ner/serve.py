@@ -91,7 +91,8 @@ class MicroBatcher:
                 item = await asyncio.wait_for(self.queue.get(), remaining)
             except asyncio.TimeoutError:
                 break
-            if texts + len(item.texts) > self.limits.max_batch_texts or words + item.words > self.limits.max_batch_words:
+            limits = self.limits
+            if texts + len(item.texts) > limits.max_batch_texts or words + item.words > limits.max_batch_words:
                 self.held = item
                 break
             batch.append(item)
@@ -246,11 +247,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-texts", type=int, default=defaults.max_texts,
                         help=f"more texts in one request get 413 (default: {defaults.max_texts})")
     parser.add_argument("--max-wait-ms", type=float, default=defaults.max_wait_ms,
-                        help=f"how long a request waits for others to share its batch (default: {defaults.max_wait_ms})")
+                        help=f"how long a request waits to share a batch (default: {defaults.max_wait_ms})")
     parser.add_argument("--max-batch-texts", type=int, default=defaults.max_batch_texts,
                         help=f"texts per batch at most (default: {defaults.max_batch_texts})")
     parser.add_argument("--max-batch-words", type=int, default=defaults.max_batch_words,
-                        help=f"words per batch at most; a bigger request runs alone (default: {defaults.max_batch_words})")
+                        help=f"words per batch; a larger request runs alone (default: {defaults.max_batch_words})")
     parser.add_argument("--max-seq-length", type=int, default=128, help="tokens per window (default: 128)")
     parser.add_argument("--mixed-precision", choices=("auto", "no", "bf16"), default="auto",
                         help="autocast dtype (default: auto, bf16 where supported)")

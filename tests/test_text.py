@@ -6,12 +6,12 @@ import json
 import sys
 
 import pytest
+from conftest import run_cli
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ner.data import Example
-from ner.text import split_words, split_whitespace_punct
-from tests.conftest import run_cli
+from ner.text import split_whitespace_punct, split_words
 
 TRICKY = [
     "",

@@ -31,7 +31,7 @@ TRICKY = [
 
 @pytest.fixture(scope="module")
 def tagger(random_model):
-    from ner.infer import Tagger
+    from ner import Tagger  # the public name
 
     return Tagger(random_model, precision="no", max_seq_length=32)
 

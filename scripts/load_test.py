@@ -101,7 +101,7 @@ def run_clients(url: str, clients: int, requests: int, max_seconds: float) -> di
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| clients | requests | requests/s | p50 ms | p95 ms | p99 ms | errors |", "|---:|" * 7]
+    lines = ["| clients | requests | requests/s | p50 ms | p95 ms | p99 ms | errors |", "|" + "---:|" * 7]
     lines += [f"| {r['clients']} | {r['requests']} | {r['requests_per_s']} | {r['p50_ms']} | {r['p95_ms']} | "
               f"{r['p99_ms']} | {r['errors']} |" for r in rows]
     return "\n".join(lines)

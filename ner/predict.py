@@ -80,7 +80,9 @@ def write_output(examples: list[Example], tags: list[list[str]], probs: list[np.
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m ner.predict", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m ner.predict", description=__doc__.splitlines()[0],
+                                     epilog=__doc__[__doc__.index("JSON output"):],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model_dir", type=Path, help="an exported model folder (OUTPUT_DIR/final)")
     parser.add_argument("file", type=Path, nargs="?", help="input file (default: stdin); " + RAW_HELP)
     mode = parser.add_mutually_exclusive_group()

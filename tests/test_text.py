@@ -130,3 +130,11 @@ def test_predict_cli_raw_text(random_model, tmp_path):
     assert any(r["entities"] for r in records)
     wrong = run_cli([sys.executable, "-m", "ner.predict", str(random_model), str(source), "--format", "conll"])
     assert wrong.returncode == 2 and wrong.stderr.startswith("error: ") and "Traceback" not in wrong.stderr
+
+
+def test_help_says_what_the_keys_mean_in_each_mode():
+    from ner.predict import build_parser
+
+    text = " ".join(build_parser().format_help().split())
+    assert "raw text (default): `start`/`end` are character offsets" in text
+    assert "--pretokenized and --conll: one JSON line per sentence" in text and "word indices" in text

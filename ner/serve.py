@@ -62,6 +62,7 @@ class MicroBatcher:
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ner-model")
         self.task: asyncio.Task | None = None
         self.held: _Pending | None = None  # arrived when the batch was full: first in the next one
+        self.closed = False  # checked as well as cancel(): _next may absorb a cancel that races a completion
 
     async def submit(self, texts: list[str]) -> list[dict]:
         words = sum(len(split_words(t)) for t in texts)
@@ -73,6 +74,7 @@ class MicroBatcher:
         self.task = asyncio.create_task(self._run())
 
     async def stop(self) -> None:
+        self.closed = True
         if self.task is not None:
             self.task.cancel()
             await asyncio.gather(self.task, return_exceptions=True)
@@ -87,9 +89,8 @@ class MicroBatcher:
             remaining = deadline - asyncio.get_running_loop().time()
             if remaining <= 0:
                 break
-            try:
-                item = await asyncio.wait_for(self.queue.get(), remaining)
-            except asyncio.TimeoutError:
+            item = await self._next(remaining)
+            if item is None:
                 break
             limits = self.limits
             if texts + len(item.texts) > limits.max_batch_texts or words + item.words > limits.max_batch_words:
@@ -99,9 +100,21 @@ class MicroBatcher:
             texts, words = texts + len(item.texts), words + item.words
         return batch
 
+    async def _next(self, timeout: float) -> _Pending | None:
+        """The next request within `timeout` seconds, else None; one that arrives as time runs out is kept."""
+        getter = asyncio.ensure_future(self.queue.get())
+        done, _ = await asyncio.wait({getter}, timeout=timeout)
+        if getter not in done:
+            getter.cancel()
+            try:
+                return await getter  # it may have completed before the cancel landed
+            except asyncio.CancelledError:
+                return None
+        return getter.result()
+
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
-        while True:
+        while not self.closed:
             batch = await self._gather()
             all_texts = [t for item in batch for t in item.texts]
             try:

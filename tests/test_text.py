@@ -6,11 +6,11 @@ import json
 import sys
 
 import pytest
-from conftest import run_cli
+from conftest import ROOT, run_cli
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ner.data import Example
+from ner.data import Example, read_conll_documents
 from ner.text import split_whitespace_punct, split_words
 
 TRICKY = [
@@ -138,3 +138,35 @@ def test_help_says_what_the_keys_mean_in_each_mode():
     text = " ".join(build_parser().format_help().split())
     assert "raw text (default): `start`/`end` are character offsets" in text
     assert "--pretokenized and --conll: one JSON line per sentence" in text and "word indices" in text
+
+
+def load_script(name: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_detokenised_conll_keeps_gold_spans_and_reads_naturally():
+    raw = load_script("raw_text_f1")
+    words = ["Japan", "(", "Tokyo", ")", "'s", "U.S.", "deal", ",", "said", "O'Neill", "."]
+    tags = ["B-LOC", "O", "B-LOC", "O", "O", "B-LOC", "O", "O", "O", "B-PER", "O"]
+    text, spans, entities = raw.detokenize([Example(words, tags, "t"), Example(["Next", "."], ["O", "O"], "t")])
+    assert text == "Japan (Tokyo)'s U.S. deal, said O'Neill. Next."
+    assert [text[s:e] for s, e in spans] == words + ["Next", "."]
+    assert [(text[s:e], kind) for s, e, kind in entities] == [("Japan", "LOC"), ("Tokyo", "LOC"), ("U.S.", "LOC"),
+                                                               ("O'Neill", "PER")]
+    assert [w for w, _, _ in split_words(text)] == words + ["Next", "."]  # the splitter gives the tokens back
+
+
+@pytest.mark.skipif(not (ROOT.parent / "shared" / "data" / "conll2003" / "test.txt").is_file(),
+                    reason="needs CoNLL-2003 in ../shared/data/conll2003")
+def test_splitter_reproduces_conll_test_tokens():
+    raw = load_script("raw_text_f1")
+    documents = read_conll_documents(ROOT.parent / "shared" / "data" / "conll2003" / "test.txt")
+    stats = raw.splitter_stats([raw.detokenize(d) for d in documents])
+    assert len(documents) == 231
+    assert stats["conll"]["tokens_reproduced"] > 0.995 and stats["conll"]["entities_on_boundaries"] > 0.999
+    assert stats["whitespace_punct"]["tokens_reproduced"] < 0.95  # the baseline really is worse

@@ -88,6 +88,14 @@ def raw_text_scores(model_dir: Path, docs: list[tuple[str, list, list[Span]]], c
         predicted = {(i, e["start"], e["end"], e["type"]) for i, (text, ws, t, p) in
                      enumerate(zip(texts, words, tags, probs)) for e in char_entities(text, ws, t, p)}
         scores[f"raw_{name}"] = {**prf(gold, predicted), "seconds": time.perf_counter() - started}
+    # The CoNLL tokens themselves, one document per text: separates what the splitter costs from what
+    # losing CoNLL's sentence (line) boundaries costs.
+    documents = read_conll_documents(conll)
+    examples = [Example([w for e in d for w in e.words], [t for e in d for t in e.tags], "doc") for d in documents]
+    tags, _ = tagger.tag(examples)
+    predicted = {(i, spans[first][0], spans[last][1], kind) for i, ((_, spans, _), t) in enumerate(zip(docs, tags))
+                 for kind, first, last in get_entities(t)}
+    scores["documents_conll_tokens"] = prf(gold, predicted)
     examples = read_conll(conll)
     tags, _ = tagger.tag(examples)
     word_level = entity_scores([e.tags for e in examples], tags, "iob2")

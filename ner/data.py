@@ -111,6 +111,17 @@ def read_conll(path: Path) -> list[Example]:
     return examples
 
 
+
+def read_conll_documents(path: Path) -> list[list[Example]]:
+    """read_conll's sentences grouped into their documents (one group if there is no -DOCSTART-)."""
+    documents: list[list[Example]] = []
+    for example in read_conll(Path(path)):
+        if not documents or example.document != documents[-1][-1].document:
+            documents.append([])
+        documents[-1].append(example)
+    return documents
+
+
 def write_columns(path: Path, sentences: Iterable[Iterable[tuple[str, ...]]]) -> Path:
     """One tab-separated row per word, a blank line after each sentence; written whole or not at all."""
     path = Path(path)

@@ -6,6 +6,7 @@ the same merge (each word from the window that owns it) and decoding (ner/decode
 
     from ner.infer import Tagger
     tags, probabilities = Tagger("runs/ner/final").tag(examples)
+    results = Tagger("runs/ner/final").predict(["Angela Merkel met Emmanuel Macron in Paris."])
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import torch
 from ner.backends import Backend, autocast_for, default_device, resolve_precision
 from ner.batching import inference_batches
 from ner.config import DEFAULT_MAX_SENTENCES, DEFAULT_MAX_TOKENS, TrainConfig, inference_batch_limits
-from ner.data import Example, has_documents
+from ner.data import Example
 from ner.decode import Decoder, scheme_of_labels
 from ner.encode import (
     MODEL_INPUTS,
@@ -35,6 +36,7 @@ from ner.encode import (
 )
 from ner.errors import UserError
 from ner.metrics import entity_scores
+from ner.text import Word, split_words
 
 Progress = Callable  # tqdm-like: progress(iterable, desc=..., leave=...) -> iterable
 
@@ -162,9 +164,10 @@ class Tagger:
                    context=args.context, decode=args.decode)
 
     def uses_context(self, examples: list[Example]) -> bool:
-        """auto: document context where the model was trained with it and the input has documents."""
+        """auto: document context where the model was trained with it and the input has documents
+        (CoNLL -DOCSTART- sections, document ids; each raw text is one)."""
         if self.context == "auto":
-            return self.settings.context == "document" and has_documents(examples)
+            return self.settings.context == "document" and any(e.document is not None for e in examples)
         return self.context == "document"
 
     def tag(self, examples: list[Example], max_sentences: int = DEFAULT_MAX_SENTENCES,
@@ -180,3 +183,26 @@ class Tagger:
             self.model, features, batches, self.device, lambda: autocast_for(self.device, self.precision),
             self.tokenizer.pad_token_id, progress, self.pad_to_multiple_of)
         return self.decoder(merge_predictions(examples, word_ids, scores))
+
+    def predict(self, texts: list[str], max_sentences: int = DEFAULT_MAX_SENTENCES,
+                max_tokens: int = DEFAULT_MAX_TOKENS, progress: Progress = no_progress) -> list[dict]:
+        """{"entities": [{"text", "type", "start", "end", "score"}]} per raw text; offsets are characters
+        (end exclusive) and `text == texts[i][start:end]`. A text longer than a window is windowed, with
+        document context where the model was trained with it (each text is one document)."""
+        split = [split_words(text) for text in texts]
+        examples = [Example([w for w, _, _ in words], ["O"] * len(words), "<text>", document=i)
+                    for i, words in enumerate(split)]
+        tags, probs = self.tag(examples, max_sentences, max_tokens, progress)
+        return [{"entities": char_entities(text, words, t, p)} for text, words, t, p in zip(texts, split, tags, probs)]
+
+
+def char_entities(text: str, words: list[Word], tags: list[str], probs: np.ndarray) -> list[dict]:
+    """Word-level entities (seqeval's reading of the tags) as character spans of `text`."""
+    from seqeval.metrics.sequence_labeling import get_entities
+
+    found = []
+    for kind, first, last in get_entities(tags):
+        start, end = words[first][1], words[last][2]
+        found.append({"text": text[start:end], "type": kind, "start": start, "end": end,
+                      "score": round(float(probs[first:last + 1].mean()), 4)})
+    return found

@@ -1,13 +1,17 @@
 """Tag text with an exported model; no training backend needed.
 
-    echo "Angela Merkel met Emmanuel Macron in Paris ." | python -m ner.predict runs/ner/final
-    python -m ner.predict runs/ner/final sentences.txt            # one sentence per line, words split on spaces
-    python -m ner.predict runs/ner/final test.conll --conll       # gold tags too: seqeval report on stderr
+    echo "Angela Merkel met Emmanuel Macron in Paris." | python -m ner.predict runs/ner/final
+    python -m ner.predict runs/ner/final articles.txt                  # raw text, one text per line
+    python -m ner.predict runs/ner/final words.txt --pretokenized      # words already split on spaces
+    python -m ner.predict runs/ner/final test.conll --conll            # gold tags too: seqeval report on stderr
     python -m ner.predict runs/ner/final test.conll --conll --format conll > tagged.conll
 
-JSON output, one line per sentence:
-    {"words": [...], "entities": [{"text": "Angela Merkel", "type": "PER", "start": 0, "end": 2, "score": 0.99}]}
-`start` is the first word's index and `end` is one past the last (a Python slice of `words`).
+JSON output, one line per input line (raw text: an empty line gives no entities):
+    {"entities": [{"text": "Angela Merkel", "type": "PER", "start": 0, "end": 13, "score": 0.99}]}
+raw text (default): `start`/`end` are character offsets into the line, end exclusive, and
+    `text == line[start:end]`; words are split CoNLL-style (ner/text.py), long texts windowed.
+--pretokenized and --conll: one JSON line per sentence (blank lines skipped), with its `words`;
+    `start`/`end` are word indices (`words[start:end]`) and `text` is those words joined by spaces.
 """
 
 from __future__ import annotations
@@ -28,6 +32,9 @@ from ner.data import Example, check_known_labels, read_conll
 from ner.errors import UserError, cli
 from ner.infer import Tagger
 
+RAW_HELP = ("raw text (the default): each line is one text; entities carry character offsets "
+            "(text == line[start:end])")
+
 
 def entities(words: list[str], tags: list[str], probs: np.ndarray) -> list[dict]:
     found = []
@@ -41,19 +48,26 @@ def read_plain(lines: list[str], source: str) -> list[Example]:
     return [Example(line.split(), ["O"] * len(line.split()), source) for line in lines if line.strip()]
 
 
+def read_lines(file: Path | None) -> list[str]:
+    """Input lines, split on \\n only: a form feed or U+2028 inside a text stays in that text."""
+    if file is not None and not file.is_file():
+        raise UserError(f"{file}: file not found")
+    try:
+        text = (file.read_bytes() if file is not None else sys.stdin.buffer.read()).decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise UserError(f"{file or '<stdin>'}: not UTF-8 text; re-save it as UTF-8") from None
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()  # the final newline ends the last line, it does not start another
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
 def read_input(args: argparse.Namespace) -> list[Example]:
     if args.conll:
         if args.file is None:
             raise UserError("--conll needs a FILE argument (CoNLL is read from a file, not stdin)")
         return read_conll(args.file)
-    if args.file is None:
-        return read_plain(sys.stdin.read().splitlines(), "<stdin>")
-    if not args.file.is_file():
-        raise UserError(f"{args.file}: file not found")
-    try:
-        return read_plain(args.file.read_text(encoding="utf-8-sig").splitlines(), str(args.file))
-    except UnicodeDecodeError:
-        raise UserError(f"{args.file}: not UTF-8 text; re-save the file as UTF-8") from None
+    return read_plain(read_lines(args.file), str(args.file or "<stdin>"))
 
 
 def write_output(examples: list[Example], tags: list[list[str]], probs: list[np.ndarray], fmt: str) -> None:
@@ -67,24 +81,41 @@ def write_output(examples: list[Example], tags: list[list[str]], probs: list[np.
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m ner.predict", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m ner.predict", description=__doc__.splitlines()[0],
+                                     epilog=__doc__[__doc__.index("JSON output"):],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model_dir", type=Path, help="an exported model folder (OUTPUT_DIR/final)")
-    parser.add_argument("file", type=Path, nargs="?", help="input file (default: stdin), one sentence per line")
-    parser.add_argument("--conll", action="store_true", help="FILE is CoNLL (word ... TAG); prints a seqeval report")
+    parser.add_argument("file", type=Path, nargs="?", help="input file (default: stdin); " + RAW_HELP)
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--pretokenized", action="store_true",
+                      help="each line is one sentence of words separated by spaces; entities carry word indices "
+                           "(words[start:end]) and the output has `words`")
+    mode.add_argument("--conll", action="store_true",
+                      help="FILE is CoNLL (word ... TAG); word indices as --pretokenized; prints a seqeval report")
     parser.add_argument("--format", choices=("json", "conll"), default="json", help="output format (default: json)")
     add_inference_arguments(parser)
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     return parser
 
 
+def predict_raw(tagger: Tagger, args: argparse.Namespace, progress) -> int:
+    results = tagger.predict(read_lines(args.file), args.batch_size, args.max_tokens, progress)
+    sys.stdout.writelines(json.dumps(result, ensure_ascii=False) + "\n" for result in results)
+    return 0
+
+
 @cli
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.format == "conll" and not (args.pretokenized or args.conll):
+        raise UserError("--format conll writes one word a line: pass --pretokenized or --conll")
     tagger = Tagger.from_args(args)
+    progress = partial(tqdm, disable=args.quiet, file=sys.stderr, dynamic_ncols=True)
+    if not (args.pretokenized or args.conll):
+        return predict_raw(tagger, args, progress)
     examples = read_input(args)
     if args.conll:
         check_known_labels(examples, tagger.label2id)
-    progress = partial(tqdm, disable=args.quiet, file=sys.stderr, dynamic_ncols=True)
     tags, probs = tagger.tag(examples, args.batch_size, args.max_tokens, progress)
     write_output(examples, tags, probs, args.format)
     if args.conll:

@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import random
+import shlex
 import shutil
 from dataclasses import dataclass, field
 from functools import partial
@@ -241,5 +242,24 @@ def finish(cfg: TrainConfig, backend: Backend, model: torch.nn.Module, data: Pre
         log.info("exported %s", cfg.output_path / "final")
         write_plots(cfg.output_path)
         print(json.dumps({k: (v["f1"] if isinstance(v, dict) else v) for k, v in metrics.items()}))
+        print(next_steps(cfg.output_path / "final", metrics, cfg.test_file), flush=True)
     backend.wait_for_everyone()
     return metrics
+
+
+
+
+def next_steps(final_dir, metrics: dict, test_file: str | None = None) -> str:
+    """What a newcomer reads last: where the model is, how good it is, and the commands that use it."""
+    scores = ", ".join(f"{split} F1 {metrics[split]['f1'] * 100:.2f}" for split in ("validation", "test")
+                       if isinstance(metrics.get(split), dict) and "f1" in metrics[split])
+    model = shlex.quote(str(final_dir))
+    commands = [
+        (f"echo 'Angela Merkel met Emmanuel Macron in Paris.' | python -m ner.predict {model}", "tag a sentence"),
+        (f"python -m ner.predict {model} texts.txt", "raw text, one text a line -> JSON lines"),
+        (f"python -m ner.serve {model}", "HTTP API and a page at http://127.0.0.1:8000/"),
+        (f"python -m ner.evaluate {model} {shlex.quote(test_file or 'test.conll')}", "report, worst sentences"),
+    ]
+    width = max(len(command) for command, _ in commands)
+    lines = ["", f"Model ready: {final_dir}" + (f" ({scores})" if scores else ""), "Use it:"]
+    return "\n".join(lines + [f"  {command:<{width}}  # {why}" for command, why in commands])

@@ -123,6 +123,25 @@ def tiny_data(tmp_path_factory) -> dict[str, Path]:
             "test": write_conll(folder / "test.conll", make_sentences(11, seed=3))}
 
 
+@pytest.fixture(scope="session")
+def random_model(tiny_bert, tiny_data, tmp_path_factory) -> Path:
+    """An untrained head on the tiny BERT: plenty of mistakes to report, built in a second."""
+    import torch
+    from transformers import AutoModelForTokenClassification, AutoTokenizer
+
+    from ner.data import build_label_list, read_conll
+
+    labels = build_label_list(read_conll(tiny_data["train"]))
+    torch.manual_seed(0)
+    model = AutoModelForTokenClassification.from_pretrained(
+        tiny_bert, num_labels=len(labels), id2label=dict(enumerate(labels)),
+        label2id={label: i for i, label in enumerate(labels)})
+    folder = tmp_path_factory.mktemp("random_model")
+    model.save_pretrained(folder)
+    AutoTokenizer.from_pretrained(tiny_bert).save_pretrained(folder)
+    return folder
+
+
 def tiny_args(model: Path, data: dict[str, Path], out_dir: Path, *extra: str) -> list[str]:
     """Flags for a fast, fp32, fully reproducible run on the tiny model."""
     return ["--model", str(model), "--train-file", str(data["train"]), "--validation-file", str(data["validation"]),

@@ -20,6 +20,7 @@ def trained(tiny_bert, tiny_data, tmp_path_factory):
     result = run_cli(python_module("ner.train", *tiny_args(tiny_bert, tiny_data, out, "--num-epochs", "6",
                                                            "--learning-rate", "3e-3", "--save-total-limit", "2")))
     assert result.returncode == 0, result.stderr[-3000:]
+    (out / "stdout.txt").write_text(result.stdout, encoding="utf-8")
     return out
 
 
@@ -40,6 +41,19 @@ def test_final_folder_is_a_standard_hugging_face_model(trained):
     entities = pipeline("token-classification", model=str(final), aggregation_strategy="simple")(
         "Grace Hopper visited Paris on Monday .")
     assert {e["entity_group"] for e in entities} <= {"PER", "LOC", "ORG"}
+
+
+def test_training_ends_on_where_the_model_is_and_how_to_use_it(trained):
+    printed = (trained / "stdout.txt").read_text(encoding="utf-8").splitlines()
+    metrics = json.loads((trained / "final" / "metrics.json").read_text())
+    summary = [json.loads(line) for line in printed if line.startswith("{")]
+    assert summary[-1]["validation"] == metrics["validation"]["f1"]  # the JSON line stays, before the text
+    validation, test = metrics["validation"]["f1"] * 100, metrics["test"]["f1"] * 100
+    assert f"Model ready: {trained / 'final'} (validation F1 {validation:.2f}, test F1 {test:.2f})" in printed
+    commands = [line.split("#")[0].strip() for line in printed if "python -m ner." in line]
+    assert [c.split("python -m ")[1].split()[0] for c in commands] == ["ner.predict", "ner.predict", "ner.serve",
+                                                                        "ner.evaluate"]
+    assert all(str(trained / "final") in c for c in commands)
 
 
 def test_rotation_keeps_the_newest_two_and_the_best(trained):
@@ -87,7 +101,8 @@ def test_predict_json_from_stdin_and_conll_output(trained, tiny_data):
     import subprocess
     import sys
 
-    result = subprocess.run([sys.executable, "-m", "ner.predict", str(final)], input="Ada Lovelace visited London .\n",
+    result = subprocess.run([sys.executable, "-m", "ner.predict", str(final), "--pretokenized"],
+                            input="Ada Lovelace visited London .\n",
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     record = json.loads(result.stdout.splitlines()[0])

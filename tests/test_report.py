@@ -171,23 +171,6 @@ def write_conll(folder: Path) -> Path:
 
 # ----------------------------------------------------------------------------- evaluate
 
-@pytest.fixture(scope="module")
-def random_model(tiny_bert, tiny_data, tmp_path_factory) -> Path:
-    """An untrained head on the tiny BERT: plenty of mistakes to report, built in a second."""
-    import torch
-    from transformers import AutoModelForTokenClassification, AutoTokenizer
-
-    labels = build_label_list(read_conll(tiny_data["train"]))
-    torch.manual_seed(0)
-    model = AutoModelForTokenClassification.from_pretrained(
-        tiny_bert, num_labels=len(labels), id2label=dict(enumerate(labels)),
-        label2id={label: i for i, label in enumerate(labels)})
-    folder = tmp_path_factory.mktemp("random_model")
-    model.save_pretrained(folder)
-    AutoTokenizer.from_pretrained(tiny_bert).save_pretrained(folder)
-    return folder
-
-
 def test_rounded_batch_widths_do_not_change_predictions(random_model, tiny_data, monkeypatch):
     import ner.infer
     from ner.infer import Tagger

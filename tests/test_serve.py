@@ -1,0 +1,202 @@
+"""`python -m ner.serve`: the routes, every bad request, micro-batching, and a real uvicorn process."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+fastapi = pytest.importorskip("fastapi")
+httpx = pytest.importorskip("httpx")
+
+from conftest import ROOT  # noqa: E402
+from fastapi.testclient import TestClient  # noqa: E402
+
+from ner.serve import Limits, MicroBatcher, create_app  # noqa: E402
+
+TEXTS = ["Ada Lovelace visited London on Monday.", "", "Café \U0001F600 北京 a\u200bb\tc",
+         "Shares of Acme Corp rose in Paris after Alan Turing spoke."]
+
+
+@pytest.fixture(scope="module")
+def tagger(random_model):
+    from ner.infer import Tagger
+
+    return Tagger(random_model, precision="no")
+
+
+@pytest.fixture(scope="module")
+def client(tagger, random_model):
+    app = create_app(tagger, random_model, Limits(max_request_bytes=2000, max_texts=4))
+    with TestClient(app) as test_client:
+        yield test_client
+
+
+def test_health_names_the_model_and_labels(client, tagger, random_model):
+    response = client.get("/health")
+    assert response.status_code == 200
+    body = response.json()
+    assert body["model"] == str(random_model)
+    assert body["labels"] == [tagger.id2label[i] for i in range(len(tagger.id2label))]
+    assert body["types"] == ["LOC", "ORG", "PER"]
+
+
+def test_page_is_self_contained(client):
+    response = client.get("/")
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/html")
+    page = response.text
+    assert "<textarea" in page and 'fetch("predict"' in page and 'id="legend"' in page
+    assert "http://" not in page and "https://" not in page  # no CDN, nothing from the network
+
+
+def test_predict_one_text_and_many(client, tagger):
+    expected = tagger.predict(TEXTS)
+    assert any(r["entities"] for r in expected)
+    one = client.post("/predict", json={"text": TEXTS[0]})
+    assert one.status_code == 200 and one.json() == expected[0]
+    many = client.post("/predict", json={"texts": TEXTS})
+    assert many.status_code == 200 and many.json() == {"results": expected}
+    assert client.post("/predict", json={"texts": []}).json() == {"results": []}
+
+
+def chunks(data: bytes):
+    yield from (data[i:i + 100] for i in range(0, len(data), 100))  # no Content-Length: sent chunked
+
+
+@pytest.mark.parametrize(("body", "status", "says"), [
+    (b'{"text": ', 422, "not JSON"),
+    (b"\xff\xfe\x00", 422, "not JSON"),
+    (b'["a"]', 422, "exactly one key"),
+    (b'{"text": 5}', 422, "must be a string"),
+    (b'{"texts": "abc"}', 422, "list of strings"),
+    (b'{"texts": ["a", null]}', 422, "list of strings"),
+    (b'{"text": "a", "texts": ["b"]}', 422, "exactly one key"),
+    (b'{"txt": "a"}', 422, "exactly one key"),
+    (b'{"text": "\\ud800"}', 422, "surrogate"),
+    (b'{"texts": ["a", "b", "c", "d", "e"]}', 413, "--max-texts"),
+    (json.dumps({"text": "x" * 3000}).encode(), 413, "--max-request-bytes"),
+    (chunks(json.dumps({"text": "x" * 3000}).encode()), 413, "--max-request-bytes"),
+])
+def test_bad_requests_get_a_json_error_and_the_server_goes_on(client, body, status, says):
+    response = client.post("/predict", content=body, headers={"content-type": "application/json"})
+    assert response.status_code == status
+    assert says in response.json()["error"]
+    assert client.post("/predict", json={"text": "Ada Lovelace"}).status_code == 200
+
+
+def test_unknown_routes_and_methods_answer_json(client):
+    assert client.get("/nowhere").json() == {"error": "Not Found"}
+    assert client.get("/predict").status_code == 405 and "error" in client.get("/predict").json()
+
+
+def test_concurrent_requests_share_a_batch_within_the_caps():
+    calls: list[list[str]] = []
+
+    def predict(texts):
+        calls.append(list(texts))
+        return [{"entities": [], "echo": t} for t in texts]
+
+    async def scenario(limits: Limits):
+        batcher = MicroBatcher(predict, limits)
+        batcher.start()
+        answers = await asyncio.gather(*[batcher.submit([f"t{i}", f"u{i}"]) for i in range(8)])
+        await batcher.stop()
+        return answers
+
+    answers = asyncio.run(scenario(Limits(max_wait_ms=200)))
+    assert len(calls) == 1 and len(calls[0]) == 16  # 8 requests, one call
+    assert [[a["echo"] for a in answer] for answer in answers] == [[f"t{i}", f"u{i}"] for i in range(8)]
+    calls.clear()
+    asyncio.run(scenario(Limits(max_wait_ms=200, max_batch_texts=5)))
+    assert [len(c) for c in calls] == [4, 4, 4, 4]  # a request is never split, never over the cap
+    calls.clear()
+    asyncio.run(scenario(Limits(max_wait_ms=200, max_batch_words=3)))
+    assert [len(c) for c in calls] == [2] * 8  # each "t0 u0" is 2 words: one request per batch
+
+
+# ----------------------------------------------------------------------------- a real uvicorn process
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def start_server(model_dir, *extra: str) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    process = subprocess.Popen([sys.executable, "-m", "ner.serve", str(model_dir), "--port", str(port),
+                                "--mixed-precision", "no", *extra], cwd=ROOT, env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            pytest.fail(f"server exited {process.returncode}: {process.stdout.read()}")
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return process, url
+        except httpx.TransportError:
+            time.sleep(0.2)
+    process.kill()
+    pytest.fail("server did not come up in 120 s")
+
+
+def post_all(url: str, payloads: list[dict]) -> list[httpx.Response]:
+    """Every payload at once, one thread (one client, connected beforehand) each."""
+    clients = [httpx.Client(base_url=url, timeout=60) for _ in payloads]
+    responses: list = [None] * len(payloads)
+
+    def send(i: int) -> None:
+        responses[i] = clients[i].post("/predict", json=payloads[i])
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(len(payloads))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for client in clients:
+        client.close()
+    return responses
+
+
+def test_uvicorn_concurrent_answers_equal_answers_alone_and_sigterm_drains(random_model, tagger):
+    # --max-wait-ms 1500: concurrent requests surely share batches, and are surely in flight at SIGTERM.
+    process, url = start_server(random_model, "--max-wait-ms", "1500")
+    try:
+        texts = [f"{TEXTS[i % len(TEXTS)]} Request {i} from Lisbon {'and Cairo ' * i}" for i in range(16)]
+        alone = [tagger.predict([text])[0] for text in texts]
+        assert sum(len(a["entities"]) for a in alone) > 16
+        together = post_all(url, [{"text": text} for text in texts])
+        assert [r.status_code for r in together] == [200] * 16
+        assert [r.json() for r in together] == alone
+        in_flight: list = []
+        sender = threading.Thread(target=lambda: in_flight.extend(post_all(url, [{"text": t} for t in texts[:6]])))
+        sender.start()
+        time.sleep(0.7)  # sent, and waiting out --max-wait-ms inside the server
+        process.send_signal(signal.SIGTERM)
+        sender.join(60)
+        assert [r.status_code for r in in_flight] == [200] * 6
+        assert [r.json() for r in in_flight] == alone[:6]
+        assert process.wait(30) in (0, 128 + signal.SIGTERM, -signal.SIGTERM), process.stdout.read()
+    finally:
+        if process.poll() is None:
+            process.kill()
+
+
+def test_taken_port_is_a_one_line_error(random_model):
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        result = subprocess.run([sys.executable, "-m", "ner.serve", str(random_model), "--port", str(port)],
+                                cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and result.stderr.startswith("error: ") and "Traceback" not in result.stderr

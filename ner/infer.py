@@ -185,11 +185,13 @@ class Tagger:
         return self.decoder(merge_predictions(examples, word_ids, scores))
 
     def predict(self, texts: list[str], max_sentences: int = DEFAULT_MAX_SENTENCES,
-                max_tokens: int = DEFAULT_MAX_TOKENS, progress: Progress = no_progress) -> list[dict]:
+                max_tokens: int = DEFAULT_MAX_TOKENS, progress: Progress = no_progress,
+                splitter: Callable[[str], list[Word]] = split_words) -> list[dict]:
         """{"entities": [{"text", "type", "start", "end", "score"}]} per raw text; offsets are characters
-        (end exclusive) and `text == texts[i][start:end]`. A text longer than a window is windowed, with
-        document context where the model was trained with it (each text is one document)."""
-        split = [split_words(text) for text in texts]
+        (end exclusive) and `text == texts[i][start:end]`. Each text is one document: tagged with document
+        context where the model was trained with it, and windowed where longer than a window (cutting
+        texts into sentences first measured no better: docs/raw_text.md). `splitter`: for comparisons."""
+        split = [splitter(text) for text in texts]
         examples = [Example([w for w, _, _ in words], ["O"] * len(words), "<text>", document=i)
                     for i, words in enumerate(split)]
         tags, probs = self.tag(examples, max_sentences, max_tokens, progress)

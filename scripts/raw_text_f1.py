@@ -73,7 +73,7 @@ def splitter_stats(docs: list[tuple[str, list, list[Span]]]) -> dict:
 
 
 def raw_text_scores(model_dir: Path, docs: list[tuple[str, list, list[Span]]], conll: Path) -> dict:
-    from ner.infer import Tagger, char_entities
+    from ner.infer import Tagger
     from ner.metrics import entity_scores
 
     tagger = Tagger(model_dir, precision="no")
@@ -82,16 +82,15 @@ def raw_text_scores(model_dir: Path, docs: list[tuple[str, list, list[Span]]], c
     scores = {}
     for name, split in SPLITTERS.items():
         started = time.perf_counter()
-        words = [split(text) for text in texts]
-        examples = [Example([w for w, _, _ in ws], ["O"] * len(ws), "<text>") for ws in words]
-        tags, probs = tagger.tag(examples)
-        predicted = {(i, e["start"], e["end"], e["type"]) for i, (text, ws, t, p) in
-                     enumerate(zip(texts, words, tags, probs)) for e in char_entities(text, ws, t, p)}
+        results = tagger.predict(texts, splitter=split)
+        predicted = {(i, e["start"], e["end"], e["type"]) for i, result in enumerate(results)
+                     for e in result["entities"]}
         scores[f"raw_{name}"] = {**prf(gold, predicted), "seconds": time.perf_counter() - started}
     # The CoNLL tokens themselves, one document per text: separates what the splitter costs from what
     # losing CoNLL's sentence (line) boundaries costs.
     documents = read_conll_documents(conll)
-    examples = [Example([w for e in d for w in e.words], [t for e in d for t in e.tags], "doc") for d in documents]
+    examples = [Example([w for e in d for w in e.words], [t for e in d for t in e.tags], "doc", document=i)
+                for i, d in enumerate(documents)]
     tags, _ = tagger.tag(examples)
     predicted = {(i, spans[first][0], spans[last][1], kind) for i, ((_, spans, _), t) in enumerate(zip(docs, tags))
                  for kind, first, last in get_entities(t)}

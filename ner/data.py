@@ -96,8 +96,9 @@ def conll_blocks(path: Path) -> Iterator[tuple[list[int], list[list[str]], int |
         yield lines, rows, document
 
 
-def read_conll(path: Path) -> list[Example]:
+def read_conll(path: str | Path) -> list[Example]:
     """CoNLL columns: word first, tag last."""
+    path = Path(path)
     examples: list[Example] = []
     for lines, rows, document in conll_blocks(path):
         for line_no, columns in zip(lines, rows):

@@ -109,7 +109,7 @@ def one_line_error(capsys) -> str:
 def test_missing_onnx_file_names_the_export_command(random_model, tiny_data, capsys):
     assert predict_main([str(random_model), str(tiny_data["test"]), "--conll", "--runtime", "onnx-int8"]) == 2
     err = one_line_error(capsys)
-    assert "model.int8.onnx" in err and "python -m ner.export MODEL_DIR OUT --onnx --quantize int8" in err
+    assert "model.int8.onnx: not found" in err and "python -m ner.export MODEL_DIR OUT --onnx --quantize int8" in err
 
 
 @pytest.mark.parametrize("main", [predict_main, evaluate_main], ids=["predict", "evaluate"])

@@ -2,7 +2,8 @@
 
 Training's evaluation (`predict_tags` / `evaluate`, sharded over ranks), `ner.predict`,
 `ner.evaluate` and the benchmarks (`Tagger`, one process) all run `predict_word_scores`, then
-the same merge (each word from the window that owns it) and decoding (ner/decode.py).
+the same merge (each word from the window that owns it) and decoding (ner/decode.py). What computes
+the logits is a runtime (ner/runtime.py): the PyTorch model, or `Tagger(..., runtime="onnx"|"onnx-int8")`.
 
     from ner.infer import Tagger
     tags, probabilities = Tagger("runs/ner/final").tag(examples)

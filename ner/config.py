@@ -250,6 +250,9 @@ def inference_batch_limits(batch_size: int, max_tokens: int) -> tuple[int, int]:
 DEFAULT_MAX_SENTENCES, DEFAULT_MAX_TOKENS = inference_batch_limits(AUTO_SENTENCES_PER_BATCH, TrainConfig.max_tokens)
 
 
+RUNTIMES = ("torch", "onnx", "onnx-int8")  # what computes the logits at inference (ner/runtime.py)
+
+
 def add_inference_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of every command that tags with an exported model (ner.predict, ner.evaluate)."""
     parser.add_argument("--max-seq-length", type=int, default=None,
@@ -266,6 +269,14 @@ def add_inference_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"padded tokens per batch (default: {DEFAULT_MAX_TOKENS})")
     parser.add_argument("--mixed-precision", choices=("auto", "no", "bf16"), default="auto",
                         help="autocast dtype (default: auto, bf16 where supported)")
+    add_runtime_argument(parser)
+
+
+def add_runtime_argument(parser: argparse.ArgumentParser) -> None:
+    """--runtime: what computes the logits (ner/runtime.py); ner.serve takes it without the batch options."""
+    parser.add_argument("--runtime", choices=RUNTIMES, default="torch",
+                        help="torch (default); onnx / onnx-int8: onnxruntime on the CPU over model.onnx / "
+                             "model.int8.onnx, written by python -m ner.export MODEL_DIR OUT --onnx --quantize int8")
 
 
 def with_sample_data(cfg: TrainConfig) -> TrainConfig:

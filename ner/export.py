@@ -1,11 +1,13 @@
 """Export a checkpoint as a standard Hugging Face model folder.
 
     python -m ner.export runs/ner/checkpoints/step_120 exported/
+    python -m ner.export runs/ner/final exported_onnx/ --onnx --quantize int8   # + model.onnx, model.int8.onnx
     python -c "from transformers import pipeline; print(pipeline('token-classification', \
         model='exported', aggregation_strategy='simple')('Ada Lovelace visited London'))"
 
 The folder holds model.safetensors, config.json (with id2label / label2id), the tokenizer,
-training_args.json, metrics.json and a README.md model card. It is written beside its final
+training_args.json, metrics.json and a README.md model card (with --onnx: model.onnx and
+model.int8.onnx for `--runtime onnx|onnx-int8`, ner/export_onnx.py). It is written beside its final
 name and renamed into place, so a crash never leaves half an export.
 """
 
@@ -24,7 +26,8 @@ from ner.metrics import best_evaluation, format_table
 from ner.model import PACKAGED_MODELS, packaged_copy_of
 
 
-def export_checkpoint(checkpoint: Path, out_dir: Path, metrics: dict | None = None) -> Path:
+def export_checkpoint(checkpoint: Path, out_dir: Path, metrics: dict | None = None, onnx: bool = False,
+                      quantize: str | None = None) -> Path:
     """Copy the checkpoint's model folder and describe it; `metrics` defaults to its evals."""
     problem = verify(checkpoint)
     if problem is not None:
@@ -33,9 +36,7 @@ def export_checkpoint(checkpoint: Path, out_dir: Path, metrics: dict | None = No
     if metrics is None:
         best = best_evaluation(state.get("eval_history", []))
         metrics = {"validation": best["scores"] if best else None}
-    out_dir = Path(out_dir)
-    tmp = out_dir.with_name(f".{out_dir.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
+    tmp = staging_dir(Path(out_dir))
     shutil.copytree(checkpoint / "model", tmp)
     training_args = {**state["config"], "label_list": state["label_list"], "tag_scheme": state["tag_scheme"],
                      "global_step": state["global_step"], "versions": state["versions"],
@@ -43,6 +44,44 @@ def export_checkpoint(checkpoint: Path, out_dir: Path, metrics: dict | None = No
     (tmp / "training_args.json").write_text(json.dumps(training_args, indent=2, sort_keys=True) + "\n")
     (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
     (tmp / "README.md").write_text(model_card(training_args, metrics), encoding="utf-8")
+    return finish(tmp, Path(out_dir), onnx, quantize)
+
+
+def export_folder(model_dir: Path, out_dir: Path, onnx: bool = False, quantize: str | None = None) -> Path:
+    """An exported model folder copied to `out_dir` (in place when they are the same), ONNX files added."""
+    tmp = staging_dir(Path(out_dir))
+    shutil.copytree(model_dir, tmp, ignore=shutil.ignore_patterns("*.onnx", ".*.tmp"))
+    return finish(tmp, Path(out_dir), onnx, quantize)
+
+
+def export_any(source: Path, out_dir: Path, onnx: bool = False, quantize: str | None = None) -> Path:
+    """A checkpoint (manifest.json) or an exported folder (config.json + training_args.json) to `out_dir`."""
+    if (source / "manifest.json").is_file():
+        return export_checkpoint(source, out_dir, onnx=onnx, quantize=quantize)
+    if (source / "config.json").is_file() and (source / "training_args.json").is_file():
+        return export_folder(source, out_dir, onnx, quantize)
+    raise UserError(f"{source}: neither a checkpoint (manifest.json) nor an exported model folder "
+                    "(config.json + training_args.json)")
+
+
+def staging_dir(out_dir: Path) -> Path:
+    tmp = out_dir.with_name(f".{out_dir.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    return tmp
+
+
+def finish(tmp: Path, out_dir: Path, onnx: bool, quantize: str | None) -> Path:
+    """ONNX files (checked) into the staged folder, then the folder renamed into place; a failure keeps nothing."""
+    try:
+        if onnx:
+            from ner.export_onnx import write_onnx  # torch.onnx loads only when asked for
+
+            measured = write_onnx(tmp, quantize)
+            print("ONNX check against PyTorch: " + ", ".join(f"{k} {v:.3g}" for k, v in measured.items()),
+                  file=sys.stderr)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     if out_dir.exists():
         shutil.rmtree(out_dir)
     tmp.rename(out_dir)
@@ -154,10 +193,17 @@ def _usage_section(args: dict) -> str:
 @cli
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ner.export", description=__doc__.splitlines()[0])
-    parser.add_argument("checkpoint", type=Path, help="a checkpoint folder (OUTPUT_DIR/checkpoints/step_N)")
+    parser.add_argument("source", type=Path, help="a checkpoint folder (OUTPUT_DIR/checkpoints/step_N) or an exported "
+                        "model folder (OUTPUT_DIR/final)")
     parser.add_argument("out_dir", type=Path, help="folder to write the Hugging Face model into")
+    parser.add_argument("--onnx", action="store_true", help="also write model.onnx (checked against PyTorch), "
+                        "for --runtime onnx")
+    parser.add_argument("--quantize", choices=("int8",), help="with --onnx: also model.int8.onnx (dynamic int8, "
+                        "checked to agree with PyTorch on >= 99%% of tokens), for --runtime onnx-int8")
     args = parser.parse_args(argv)
-    print(export_checkpoint(args.checkpoint, args.out_dir))
+    if args.quantize and not args.onnx:
+        raise UserError("--quantize int8 quantizes the ONNX model: pass --onnx too")
+    print(export_any(args.source, args.out_dir, args.onnx, args.quantize))
     return 0
 
 

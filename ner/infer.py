@@ -2,7 +2,8 @@
 
 Training's evaluation (`predict_tags` / `evaluate`, sharded over ranks), `ner.predict`,
 `ner.evaluate` and the benchmarks (`Tagger`, one process) all run `predict_word_scores`, then
-the same merge (each word from the window that owns it) and decoding (ner/decode.py).
+the same merge (each word from the window that owns it) and decoding (ner/decode.py). What computes
+the logits is a runtime (ner/runtime.py): the PyTorch model, or `Tagger(..., runtime="onnx"|"onnx-int8")`.
 
     from ner.infer import Tagger
     tags, probabilities = Tagger("runs/ner/final").tag(examples)
@@ -22,11 +23,10 @@ import torch
 
 from ner.backends import Backend, autocast_for, default_device, resolve_precision
 from ner.batching import inference_batches
-from ner.config import DEFAULT_MAX_SENTENCES, DEFAULT_MAX_TOKENS, TrainConfig, inference_batch_limits
+from ner.config import DEFAULT_MAX_SENTENCES, DEFAULT_MAX_TOKENS, RUNTIMES, TrainConfig, inference_batch_limits
 from ner.data import Example
 from ner.decode import Decoder, scheme_of_labels
 from ner.encode import (
-    MODEL_INPUTS,
     Feature,
     collate,
     encode_examples,
@@ -36,9 +36,11 @@ from ner.encode import (
 )
 from ner.errors import UserError
 from ner.metrics import entity_scores
+from ner.runtime import OnnxRuntime, TorchRuntime, onnx_path
 from ner.text import Word, split_words
 
 Progress = Callable  # tqdm-like: progress(iterable, desc=..., leave=...) -> iterable
+Runtime = TorchRuntime | OnnxRuntime  # runtime(input_ids, attention_mask) -> logits (ner/runtime.py)
 
 
 def no_progress(iterable, **_):
@@ -62,20 +64,19 @@ def build_eval_set(examples: list[Example], features: list[Feature], batch_size:
 
 
 @torch.no_grad()
-def predict_word_scores(model: torch.nn.Module, features: list[Feature], batches: list[list[int]],
-                        device: torch.device, autocast: Callable, pad_token_id: int,
+def predict_word_scores(runtime: Runtime, features: list[Feature], batches: list[list[int]], pad_token_id: int,
                         progress: Progress = no_progress, pad_to_multiple_of: int = 1) -> tuple[np.ndarray, np.ndarray]:
     """(flat word index, label log-probabilities) of every word the given batches own."""
     word_ids, scores = [], []
     for indices in progress(batches, desc="predict", leave=False):
         batch = collate([features[i] for i in indices], pad_token_id, pad_to_multiple_of)
-        with autocast():
-            logits = model(**{k: batch[k].to(device) for k in MODEL_INPUTS}).logits
+        logits = runtime(batch["input_ids"], batch["attention_mask"])
         (rows, cols), ids = owned_positions(batch["word_index"])
         word_ids.append(ids.numpy())
-        scores.append(torch.log_softmax(logits.float(), dim=-1)[rows.to(device), cols.to(device)].cpu().numpy())
+        scores.append(torch.log_softmax(logits.float(), dim=-1)[rows.to(logits.device), cols.to(logits.device)]
+                      .cpu().numpy())
     if not word_ids:
-        return np.zeros(0, dtype=np.int64), np.zeros((0, model.config.num_labels), dtype=np.float32)
+        return np.zeros(0, dtype=np.int64), np.zeros((0, runtime.num_labels), dtype=np.float32)
     return np.concatenate(word_ids), np.concatenate(scores)
 
 
@@ -86,7 +87,7 @@ def predict_tags(model: torch.nn.Module, eval_set: EvalSet, backend: Backend, pa
     was_training = bare.training
     bare.eval()
     my_batches = eval_set.batches[backend.process_index::backend.num_processes]
-    mine = predict_word_scores(bare, eval_set.features, my_batches, backend.device, backend.autocast,
+    mine = predict_word_scores(TorchRuntime(bare, backend.device, backend.autocast), eval_set.features, my_batches,
                                pad_token_id, progress, eval_set.pad_to_multiple_of)
     bare.train(was_training)
     gathered = backend.gather_object(mine)  # every word is owned by exactly one window, in one shard
@@ -134,20 +135,23 @@ class Tagger:
 
     def __init__(self, model_dir: str | Path, device: str | None = None, precision: str = "auto",
                  max_seq_length: int | None = None, pad_to_multiple_of: int = DEFAULTS.pad_to_multiple_of,
-                 context: str = "auto", decode: str | None = None) -> None:
+                 context: str = "auto", decode: str | None = None, runtime: str = "torch") -> None:
         import transformers
-        from transformers import AutoModelForTokenClassification, AutoTokenizer
+        from transformers import AutoConfig, AutoTokenizer
 
         transformers.utils.logging.disable_progress_bar()
         model_dir = Path(model_dir)
         if not (model_dir / "config.json").is_file():
             raise UserError(f"{model_dir}: not a model folder (no config.json); pass OUTPUT_DIR/final")
+        if runtime not in RUNTIMES:
+            raise UserError(f"--runtime {runtime}: expected one of {', '.join(RUNTIMES)}")
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        self.model = AutoModelForTokenClassification.from_pretrained(model_dir).eval()
+        config = AutoConfig.from_pretrained(model_dir)
         self.device = torch.device(device) if device else default_device()
-        self.model.to(self.device)
         self.precision = resolve_precision(precision, self.device)
-        self.id2label = {int(k): v for k, v in self.model.config.id2label.items()}
+        self.runtime_name = runtime
+        self.runtime = self._load_runtime(model_dir, config.num_labels)
+        self.id2label = {int(k): v for k, v in config.id2label.items()}
         self.label2id = {v: k for k, v in self.id2label.items()}
         self.settings = ModelSettings.of(model_dir)
         self.max_seq_length = max_seq_length or self.settings.max_seq_length
@@ -157,11 +161,19 @@ class Tagger:
         self.decoder = Decoder(labels, self.settings.tag_scheme or scheme_of_labels(list(labels)),
                                decode or self.settings.decode)
 
+    def _load_runtime(self, model_dir: Path, num_labels: int) -> Runtime:
+        if self.runtime_name != "torch":  # the ONNX file alone: the PyTorch weights are never loaded
+            return OnnxRuntime(onnx_path(model_dir, self.runtime_name), num_labels)
+        from transformers import AutoModelForTokenClassification
+
+        model = AutoModelForTokenClassification.from_pretrained(model_dir).eval().to(self.device)
+        return TorchRuntime(model, self.device, lambda: autocast_for(self.device, self.precision))
+
     @classmethod
     def from_args(cls, args) -> Tagger:
         """From the options config.add_inference_arguments defines."""
         return cls(args.model_dir, precision=args.mixed_precision, max_seq_length=args.max_seq_length,
-                   context=args.context, decode=args.decode)
+                   context=args.context, decode=args.decode, runtime=args.runtime)
 
     def uses_context(self, examples: list[Example]) -> bool:
         """auto: document context where the model was trained with it and the input has documents
@@ -179,9 +191,8 @@ class Tagger:
                                    self.settings.window_stride_words, context=self.uses_context(examples),
                                    context_tokens=self.settings.context_tokens)
         batches = inference_batches(padded_lengths(features, self.pad_to_multiple_of), max_sentences, max_tokens)
-        word_ids, scores = predict_word_scores(
-            self.model, features, batches, self.device, lambda: autocast_for(self.device, self.precision),
-            self.tokenizer.pad_token_id, progress, self.pad_to_multiple_of)
+        word_ids, scores = predict_word_scores(self.runtime, features, batches, self.tokenizer.pad_token_id,
+                                               progress, self.pad_to_multiple_of)
         return self.decoder(merge_predictions(examples, word_ids, scores))
 
     def predict(self, texts: list[str], max_sentences: int = DEFAULT_MAX_SENTENCES,

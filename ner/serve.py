@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
+from ner.config import add_runtime_argument
 from ner.errors import UserError, cli
 from ner.text import split_words
 
@@ -268,6 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-seq-length", type=int, default=128, help="tokens per window (default: 128)")
     parser.add_argument("--mixed-precision", choices=("auto", "no", "bf16"), default="auto",
                         help="autocast dtype (default: auto, bf16 where supported)")
+    add_runtime_argument(parser)
     return parser
 
 
@@ -284,7 +286,8 @@ def main(argv: list[str] | None = None) -> int:
 
     check_port_free(args.host, args.port)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
-    tagger = Tagger(args.model_dir, precision=args.mixed_precision, max_seq_length=args.max_seq_length)
+    tagger = Tagger(args.model_dir, precision=args.mixed_precision, max_seq_length=args.max_seq_length,
+                    runtime=args.runtime)
     limits = Limits(args.max_request_bytes, args.max_texts, args.max_wait_ms, args.max_batch_texts,
                     args.max_batch_words)
     app = create_app(tagger, args.model_dir, limits)

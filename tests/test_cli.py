@@ -127,6 +127,25 @@ def test_export_any_checkpoint_gives_the_same_format(trained, tmp_path):
     assert exported == {p.name for p in (trained / "final").iterdir()}
 
 
+def test_export_checkpoint_with_onnx_adds_checked_onnx_files(trained, tiny_data, tmp_path):
+    """SRC a checkpoint (manifest.json): the usual folder plus both ONNX files; onnx tags as torch does."""
+    pytest.importorskip("onnxruntime")
+    from ner.export import main as export_main
+
+    checkpoint = list_checkpoints(trained)[-1]
+    out = tmp_path / "exported"
+    assert export_main([str(checkpoint), str(out), "--onnx", "--quantize", "int8"]) == 0
+    exported = {p.name for p in out.iterdir()}
+    assert exported == {p.name for p in (trained / "final").iterdir()} | {"model.onnx", "model.int8.onnx"}
+    tagged = {}
+    for runtime in ("torch", "onnx"):
+        result = run_cli(python_module("ner.predict", str(out), str(tiny_data["test"]), "--conll", "--quiet",
+                                       "--mixed-precision", "no", "--runtime", runtime))
+        assert result.returncode == 0, result.stderr[-2000:]
+        tagged[runtime] = result.stdout
+    assert tagged["onnx"] == tagged["torch"] and tagged["torch"]
+
+
 def test_resume_auto_continues_and_matches_an_uninterrupted_run(tiny_bert, tiny_data, tmp_path):
     full = tmp_path / "full"
     args = tiny_args(tiny_bert, tiny_data, full, "--save-steps", "4", "--save-total-limit", "0", "--no-eval")

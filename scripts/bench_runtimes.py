@@ -1,0 +1,97 @@
+"""Raw-text tagging speed, memory and F1 per runtime: transformers' pipeline, torch, onnx, onnx-int8.
+
+    python -m ner.export runs/final runs/final_onnx --onnx --quantize int8
+    python scripts/bench_runtimes.py runs/final_onnx ../shared/data/conll2003/valid.txt
+
+Every CoNLL sentence is detokenised into one text (scripts/raw_text_f1.py); each runtime tags all of
+them in its own process (run_measured: peak RSS), after a warm-up on the first 32 texts. Rows:
+`transformers.pipeline("token-classification", aggregation_strategy="simple", batch_size=32)` on the
+same folder, and Tagger.predict (ner's one inference path: windows, context, Viterbi) with
+`--runtime torch` (fp32), `onnx` and `onnx-int8`. F1: exact character spans against the gold
+entities. Results: docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]  # + this checkout's ner
+
+from bench_measure import run_measured  # noqa: E402
+from raw_text_f1 import detokenize, prf  # noqa: E402
+
+from ner.data import read_conll  # noqa: E402
+
+ROWS = ("pipeline", "torch", "onnx", "onnx-int8")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def sentence_texts(conll: Path, limit: int | None) -> tuple[list[str], set, int]:
+    """(one text per sentence, gold entities as (text index, start, end, type), word count)."""
+    examples = [e for e in read_conll(conll) if e.words][:limit]
+    texts, gold = [], set()
+    for i, example in enumerate(examples):
+        text, _, entities = detokenize([example])
+        texts.append(text)
+        gold |= {(i, *span) for span in entities}
+    return texts, gold, sum(len(e.words) for e in examples)
+
+
+def tag_function(row: str, model_dir: Path):
+    """texts -> [[(start, end, type)]] for one row of the table."""
+    if row == "pipeline":
+        from transformers import pipeline
+
+        tagger = pipeline("token-classification", model=str(model_dir), aggregation_strategy="simple",
+                          batch_size=32, device=-1)
+        return lambda texts: [[(e["start"], e["end"], e["entity_group"]) for e in found] for found in tagger(texts)]
+    from ner.infer import Tagger
+
+    tagger = Tagger(model_dir, precision="no", runtime=row)
+    return lambda texts: [[(e["start"], e["end"], e["type"]) for e in r["entities"]] for r in tagger.predict(texts)]
+
+
+def child(row: str, model_dir: Path, conll: Path, limit: int | None, result: Path) -> None:
+    texts, gold, words = sentence_texts(conll, limit)
+    tag_all = tag_function(row, model_dir)
+    tag_all(texts[:32])
+    start = time.perf_counter()
+    found = tag_all(texts)
+    seconds = time.perf_counter() - start
+    predicted = {(i, *span) for i, spans in enumerate(found) for span in spans}
+    result.write_text(json.dumps({"seconds": seconds, "sentences_per_s": len(texts) / seconds,
+                                  "words_per_s": words / seconds, "sentences": len(texts), **prf(gold, predicted)}))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model_dir", type=Path, help="exported folder with model.onnx and model.int8.onnx")
+    parser.add_argument("conll", type=Path, help="CoNLL file with gold tags (validation)")
+    parser.add_argument("--limit", type=int, default=None, help="first N sentences only")
+    parser.add_argument("--rows", nargs="+", choices=ROWS, default=list(ROWS))
+    parser.add_argument("--child", choices=ROWS, help=argparse.SUPPRESS)
+    parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        child(args.child, args.model_dir, args.conll, args.limit, args.result)
+        return 0
+    print("| runtime | sentences/s | words/s | peak RSS (MiB) | entity F1 (char spans) |\n|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as folder:
+        for row in args.rows:
+            out = Path(folder) / f"{row}.json"
+            command = [sys.executable, __file__, str(args.model_dir), str(args.conll), "--child", row,
+                       "--result", str(out)] + (["--limit", str(args.limit)] if args.limit else [])
+            measured = run_measured(command, Path(folder) / f"{row}.log", cwd=ROOT)
+            r = json.loads(out.read_text())
+            print(f"| {row} | {r['sentences_per_s']:.0f} | {r['words_per_s']:.0f} | "
+                  f"{measured['peak_rss_bytes'] / 2**20:.0f} | {r['f1'] * 100:.2f} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

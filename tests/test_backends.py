@@ -69,6 +69,7 @@ def linear_schedule(step: int, total: int, warmup: int, peak: float) -> float:
     return peak * step / warmup if step < warmup else peak * (total - step) / (total - warmup)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("accumulation", [1, 4])
 def test_mid_schedule_learning_rate_follows_the_formula_on_every_backend(tiny_bert, tiny_data, tmp_path,
                                                                           accumulation):

@@ -79,6 +79,7 @@ def test_one_process_stops_where_the_rule_says_says_why_and_exports_the_best(one
     assert all(torch.equal(best[k], exported[k]) for k in best)
 
 
+@pytest.mark.slow
 def test_two_raw_ddp_ranks_stop_at_the_same_update_as_one_process(tiny_bert_no_dropout, tiny_data, tmp_path,
                                                                    one_process):
     out = tmp_path / "two"

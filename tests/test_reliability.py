@@ -38,6 +38,7 @@ def assert_same_run(a: dict, b: dict) -> None:
     assert all(torch.equal(a["weights"][k], b["weights"][k]) for k in a["weights"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend_flags", [[], ["--raw-ddp"]], ids=["accelerate", "raw-ddp"])
 def test_sigkill_mid_epoch_then_resume_is_bit_exact(tiny_bert, tiny_data, tmp_path, backend_flags):
     args = ["--save-steps", "5", "--save-total-limit", "0", "--num-epochs", "3", *backend_flags]
@@ -60,6 +61,7 @@ def torchrun(*args: str) -> list[str]:
     return python_module("torch.distributed.run", "--standalone", "--nproc_per_node=2", *args)
 
 
+@pytest.mark.slow
 def test_torchrun_restarts_a_killed_rank_from_the_last_checkpoint(tiny_bert_no_dropout, tiny_data, tmp_path):
     args = ["--raw-ddp", "--save-steps", "5", "--save-total-limit", "0", "--num-epochs", "3", "--no-eval",
             "--dist-timeout", "60"]
@@ -75,6 +77,7 @@ def test_torchrun_restarts_a_killed_rank_from_the_last_checkpoint(tiny_bert_no_d
     assert_same_run(outcome(tmp_path / "job"), outcome(tmp_path / "ref"))
 
 
+@pytest.mark.slow
 def test_a_hung_rank_is_bounded_by_dist_timeout(tiny_bert_no_dropout, tiny_data, tmp_path):
     job = torchrun("--max-restarts=0", "-m", "ner.train",
                    *tiny_args(tiny_bert_no_dropout, tiny_data, tmp_path / "job", "--raw-ddp", "--no-eval",

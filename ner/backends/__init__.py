@@ -136,3 +136,23 @@ def launch(cfg, worker: Callable[[Backend], None], local_rank_arg: int | None = 
         from ner.backends.data_parallel import DataParallelBackend
 
         worker(DataParallelBackend(cfg))
+
+
+class RawPrecisionSteps:
+    """The autocast and loss-scaler steps both plain-torch backends take the same way.
+
+    Needs `self.device`, `self.mixed_precision` and `self.amp` (a LossScaler).
+    """
+
+    def autocast(self) -> ContextManager:
+        return autocast_for(self.device, self.mixed_precision)
+
+    def clip_grad_norm_(self, parameters, max_norm: float) -> torch.Tensor:
+        return self.amp.clip_grad_norm_(parameters, max_norm)
+
+    def step(self, optimizer) -> bool:
+        return self.amp.step(optimizer)
+
+    @property
+    def grad_scaler(self):
+        return self.amp.scaler

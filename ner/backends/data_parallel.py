@@ -17,12 +17,12 @@ import logging
 import torch
 from torch.nn.parallel import DataParallel
 
-from ner.backends import LossScaler, autocast_for, resolve_precision
+from ner.backends import LossScaler, RawPrecisionSteps, resolve_precision
 
 log = logging.getLogger(__name__)
 
 
-class DataParallelBackend:
+class DataParallelBackend(RawPrecisionSteps):
     num_processes = 1
     process_index = 0
     is_main_process = True
@@ -50,19 +50,6 @@ class DataParallelBackend:
 
     def no_sync(self, model):
         return contextlib.nullcontext()  # one process: gradients are never all-reduced
-
-    def autocast(self):
-        return autocast_for(self.device, self.mixed_precision)
-
-    def clip_grad_norm_(self, parameters, max_norm: float):
-        return self.amp.clip_grad_norm_(parameters, max_norm)
-
-    def step(self, optimizer) -> bool:
-        return self.amp.step(optimizer)
-
-    @property
-    def grad_scaler(self):
-        return self.amp.scaler
 
     def reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor

@@ -27,7 +27,7 @@ import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from ner.backends import LossScaler, autocast_for, resolve_precision
+from ner.backends import LossScaler, RawPrecisionSteps, resolve_precision
 from ner.errors import USAGE_EXIT_CODE, UserError, report
 
 log = logging.getLogger(__name__)
@@ -76,7 +76,7 @@ class _ShardedLoader:
         return len(self.loader)
 
 
-class RawDDPBackend:
+class RawDDPBackend(RawPrecisionSteps):
     def __init__(self, cfg, rank: int, local_rank: int, world_size: int) -> None:
         self.process_index, self.local_rank, self.num_processes = rank, local_rank, world_size
         self.device = _init(cfg, rank, local_rank, world_size)
@@ -102,19 +102,6 @@ class RawDDPBackend:
 
     def no_sync(self, model):
         return model.no_sync() if isinstance(model, DistributedDataParallel) else contextlib.nullcontext()
-
-    def autocast(self):
-        return autocast_for(self.device, self.mixed_precision)
-
-    def clip_grad_norm_(self, parameters, max_norm: float):
-        return self.amp.clip_grad_norm_(parameters, max_norm)
-
-    def step(self, optimizer) -> bool:
-        return self.amp.step(optimizer)
-
-    @property
-    def grad_scaler(self):
-        return self.amp.scaler
 
     def reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         tensor = tensor.clone()

@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from ner.data import SAMPLE_DIR
+from ner.decode import DECODERS
 from ner.errors import UserError
 
 log = logging.getLogger("ner")
@@ -28,6 +29,7 @@ log = logging.getLogger("ner")
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 PAD_TO_MULTIPLE_OF = 4  # batch widths; measured on CPU (docs/performance.md)
 BACKENDS = ("accelerate", "raw-ddp", "data-parallel")
+CONTEXTS = ("auto", "document", "none")
 # Accelerate's trackers (accelerate.tracking.LOGGER_TYPE_TO_CLASS; a test keeps the two equal).
 TRACKERS = ("tensorboard", "wandb", "mlflow", "comet_ml", "aim", "clearml", "dvclive", "swanlab", "trackio")
 
@@ -57,7 +59,7 @@ class TrainConfig:
     context: str = _opt(
         "auto", "document context: encode each sentence with neighbouring words of its document "
         "(CoNLL -DOCSTART-, a JSONL/datasets `document` field); auto: document when the training data "
-        "has two or more documents, else none", choices=("auto", "document", "none"))
+        "has two or more documents, else none", choices=CONTEXTS)
     context_tokens: int = _opt(0, "with document context, subword tokens of context guaranteed on each side "
                                   "of every predicted word; 0: max-seq-length / 8")
     document_column: str = _opt("document", "JSONL field / `datasets` column holding each sentence's document id")
@@ -97,7 +99,7 @@ class TrainConfig:
     seed: int = _opt(42, "seed for weights of the new head, dropout and data order")
     decode: str = _opt("viterbi", "tags from per-word scores: viterbi (only sequences the tag scheme allows) "
                        "or argmax; used by evaluation here and by default by ner.predict / ner.evaluate",
-                       choices=("viterbi", "argmax"))
+                       choices=DECODERS)
     mixed_precision: str = _opt(
         "auto", "autocast dtype; auto: bf16 where the device supports it, else fp32; fp16 (GPUs without bf16: "
         "T4, V100) adds a gradient scaler", choices=("auto", "no", "bf16", "fp16"))
@@ -253,30 +255,30 @@ DEFAULT_MAX_SENTENCES, DEFAULT_MAX_TOKENS = inference_batch_limits(AUTO_SENTENCE
 RUNTIMES = ("torch", "onnx", "onnx-int8")  # what computes the logits at inference (ner/runtime.py)
 
 
-def add_inference_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options of every command that tags with an exported model (ner.predict, ner.evaluate)."""
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """How an exported model is run (ner.predict, ner.evaluate, ner.serve); defaults: as it was trained."""
     parser.add_argument("--max-seq-length", type=int, default=None,
                         help="tokens per window (default: the value the model was trained with)")
-    parser.add_argument("--context", choices=("auto", "document", "none"), default="auto",
+    parser.add_argument("--context", choices=CONTEXTS, default="auto",
                         help="document context (default auto: where the model was trained with it and the "
                              "input has documents, e.g. CoNLL -DOCSTART- lines)")
-    parser.add_argument("--decode", choices=("viterbi", "argmax"), default=None,
+    parser.add_argument("--decode", choices=DECODERS, default=None,
                         help="viterbi: only tag sequences the scheme allows; argmax: best tag per word "
                              "(default: what the model was trained with, viterbi for new models)")
+    parser.add_argument("--mixed-precision", choices=("auto", "no", "bf16"), default="auto",
+                        help="autocast dtype (default: auto, bf16 where supported)")
+    parser.add_argument("--runtime", choices=RUNTIMES, default="torch",
+                        help="torch (default); onnx / onnx-int8: onnxruntime on the CPU over model.onnx / "
+                             "model.int8.onnx, written by python -m ner.export MODEL_DIR OUT --onnx --quantize int8")
+
+
+def add_inference_arguments(parser: argparse.ArgumentParser) -> None:
+    """The model options plus batch limits, for the commands that tag files (ner.predict, ner.evaluate)."""
+    add_model_arguments(parser)
     parser.add_argument("--batch-size", type=int, default=DEFAULT_MAX_SENTENCES,
                         help=f"windows per batch at most (default: {DEFAULT_MAX_SENTENCES})")
     parser.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
                         help=f"padded tokens per batch (default: {DEFAULT_MAX_TOKENS})")
-    parser.add_argument("--mixed-precision", choices=("auto", "no", "bf16"), default="auto",
-                        help="autocast dtype (default: auto, bf16 where supported)")
-    add_runtime_argument(parser)
-
-
-def add_runtime_argument(parser: argparse.ArgumentParser) -> None:
-    """--runtime: what computes the logits (ner/runtime.py); ner.serve takes it without the batch options."""
-    parser.add_argument("--runtime", choices=RUNTIMES, default="torch",
-                        help="torch (default); onnx / onnx-int8: onnxruntime on the CPU over model.onnx / "
-                             "model.int8.onnx, written by python -m ner.export MODEL_DIR OUT --onnx --quantize int8")
 
 
 def with_sample_data(cfg: TrainConfig) -> TrainConfig:

@@ -171,7 +171,7 @@ class Tagger:
 
     @classmethod
     def from_args(cls, args) -> Tagger:
-        """From the options config.add_inference_arguments defines."""
+        """From the options config.add_model_arguments defines."""
         return cls(args.model_dir, precision=args.mixed_precision, max_seq_length=args.max_seq_length,
                    context=args.context, decode=args.decode, runtime=args.runtime)
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-from ner.config import add_runtime_argument
+from ner.config import add_model_arguments
 from ner.errors import UserError, cli
 from ner.text import split_words
 
@@ -266,10 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"texts per batch at most (default: {defaults.max_batch_texts})")
     parser.add_argument("--max-batch-words", type=int, default=defaults.max_batch_words,
                         help=f"words per batch; a larger request runs alone (default: {defaults.max_batch_words})")
-    parser.add_argument("--max-seq-length", type=int, default=128, help="tokens per window (default: 128)")
-    parser.add_argument("--mixed-precision", choices=("auto", "no", "bf16"), default="auto",
-                        help="autocast dtype (default: auto, bf16 where supported)")
-    add_runtime_argument(parser)
+    add_model_arguments(parser)
     return parser
 
 
@@ -286,8 +283,7 @@ def main(argv: list[str] | None = None) -> int:
 
     check_port_free(args.host, args.port)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
-    tagger = Tagger(args.model_dir, precision=args.mixed_precision, max_seq_length=args.max_seq_length,
-                    runtime=args.runtime)
+    tagger = Tagger.from_args(args)
     limits = Limits(args.max_request_bytes, args.max_texts, args.max_wait_ms, args.max_batch_texts,
                     args.max_batch_words)
     app = create_app(tagger, args.model_dir, limits)

@@ -200,3 +200,19 @@ def test_taken_port_is_a_one_line_error(random_model):
         result = subprocess.run([sys.executable, "-m", "ner.serve", str(random_model), "--port", str(port)],
                                 cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and result.stderr.startswith("error: ") and "Traceback" not in result.stderr
+
+
+def test_serve_runs_the_model_as_it_was_trained(random_model, tmp_path):
+    """No --max-seq-length or --decode given: the window and decoding recorded in the export."""
+    import shutil
+
+    from ner.infer import Tagger
+    from ner.serve import build_parser
+
+    trained = tmp_path / "trained"
+    shutil.copytree(random_model, trained)
+    (trained / "training_args.json").write_text(json.dumps({"max_seq_length": 32, "decode": "argmax"}))
+    tagger = Tagger.from_args(build_parser().parse_args([str(trained), "--mixed-precision", "no"]))
+    assert tagger.max_seq_length == 32 and tagger.decoder.method == "argmax"
+    overridden = Tagger.from_args(build_parser().parse_args([str(trained), "--max-seq-length", "64"]))
+    assert overridden.max_seq_length == 64

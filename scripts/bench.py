@@ -41,8 +41,8 @@ import shutil
 import sys
 from pathlib import Path
 
+from bench_eval_speed import measure_inference, score_export
 from bench_flops import measure_peak_flops, model_shape, peak_for, summarise_loop, updates_from_records
-from bench_inference import measure_inference, score_export
 from bench_measure import run_measured
 from bench_report import REFERENCE_ABLATION, load_report, ratio_rows, save_report
 

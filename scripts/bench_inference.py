@@ -1,114 +1,100 @@
-"""Inference timing for the benchmark: sentences/s and F1 of the project's inference path on a trained run.
+"""Raw-text tagging speed, memory and F1 per runtime: transformers' pipeline, torch, onnx, onnx-int8.
 
-    from bench_inference import measure_inference
-    results = measure_inference(Path("bench_out/runs/ours/final"), read_conll(Path("valid.conll")))
+    python -m ner.export runs/final runs/final_onnx --onnx --quantize int8
+    python scripts/bench_inference.py runs/final_onnx ../shared/data/conll2003/train.txt   # speed
+    python scripts/bench_inference.py runs/final_onnx ../shared/data/conll2003/valid.txt   # F1
 
-Rows: a hand loop of one sentence at a time through the Hugging Face model in fp32 (the reference);
-ner.infer's Tagger.tag length-batched with ner.predict's defaults, with `auto` autocast (bf16 where
-supported) and in fp32; Tagger.tag one sentence per call; and the evaluation a training run does
-(Tagger.tag set up as the run was, under its evaluation batch limits, scored in its tag scheme).
-Each times the whole call: tokenisation, forward passes, merging windows back to words; F1 is
-seqeval's, outside the timing.
+Every CoNLL sentence is detokenised into one text (scripts/raw_text_f1.py); each runtime tags all of
+them in its own process (run_measured: peak RSS), after a warm-up on the first 32 texts. Rows:
+`transformers.pipeline("token-classification", aggregation_strategy="simple", batch_size=32)` on the
+same folder, and Tagger.predict (ner's one inference path: windows, context, Viterbi) with
+`--runtime torch` (bf16 autocast where the CPU supports it, as ner.predict), `onnx` and `onnx-int8`.
+"whole process" divides by the process's wall time: imports, model loading, warm-up and tagging.
+F1: exact character spans against the gold
+entities. Results: docs/performance.md.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import sys
+import tempfile
 import time
 from pathlib import Path
 
-from bench_report import REFERENCE_INFERENCE
+from bench_measure import run_measured
+from raw_text_f1 import detokenize, prf
 
-from ner.data import Example
+from ner.data import read_conll
+
+ROWS = ("pipeline", "torch", "onnx", "onnx-int8")
+ROOT = Path(__file__).resolve().parents[1]
 
 
-def timed_tags(tag_all, examples: list[Example], scheme: str = "iob2") -> dict:
-    """Seconds and sentences/s of `tag_all()` (returns one tag list per example), and the F1 of its tags."""
-    from ner.metrics import entity_scores
+def sentence_texts(conll: Path, limit: int | None) -> tuple[list[str], set, int]:
+    """(one text per sentence, gold entities as (text index, start, end, type), word count)."""
+    examples = [e for e in read_conll(conll) if e.words][:limit]
+    texts, gold = [], set()
+    for i, example in enumerate(examples):
+        text, _, entities = detokenize([example])
+        texts.append(text)
+        gold |= {(i, *span) for span in entities}
+    return texts, gold, sum(len(e.words) for e in examples)
 
+
+def tag_function(row: str, model_dir: Path):
+    """texts -> [[(start, end, type)]] for one row of the table."""
+    if row == "pipeline":
+        from transformers import pipeline
+
+        tagger = pipeline("token-classification", model=str(model_dir), aggregation_strategy="simple",
+                          batch_size=32, device=-1)
+        return lambda texts: [[(e["start"], e["end"], e["entity_group"]) for e in found] for found in tagger(texts)]
+    from ner.infer import Tagger
+
+    tagger = Tagger(model_dir, runtime=row)  # what ner.predict does: bf16 autocast where the CPU has it
+    return lambda texts: [[(e["start"], e["end"], e["type"]) for e in r["entities"]] for r in tagger.predict(texts)]
+
+
+def child(row: str, model_dir: Path, conll: Path, limit: int | None, result: Path) -> None:
+    texts, gold, words = sentence_texts(conll, limit)
+    tag_all = tag_function(row, model_dir)
+    tag_all(texts[:32])
     start = time.perf_counter()
-    tags = tag_all()
+    found = tag_all(texts)
     seconds = time.perf_counter() - start
-    return {"seconds": seconds, "sentences_per_s": len(examples) / seconds,
-            "f1": entity_scores([e.tags for e in examples], tags, scheme)["f1"]}
+    predicted = {(i, *span) for i, spans in enumerate(found) for span in spans}
+    result.write_text(json.dumps({"seconds": seconds, "sentences_per_s": len(texts) / seconds,
+                                  "words_per_s": words / seconds, "sentences": len(texts), **prf(gold, predicted)}))
 
 
-def one_at_a_time_hf(model_dir: Path, examples: list[Example]) -> dict:
-    """The usual hand loop: tokenise one sentence, forward in fp32, first subword's argmax."""
-    import torch
-    from transformers import AutoModelForTokenClassification, AutoTokenizer
-
-    from ner.backends import default_device
-
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForTokenClassification.from_pretrained(model_dir).eval().to(default_device())
-    id2label = {int(k): v for k, v in model.config.id2label.items()}
-
-    @torch.no_grad()
-    def tag_all() -> list[list[str]]:
-        out = []
-        for example in examples:
-            encoded = tokenizer(example.words, is_split_into_words=True, truncation=True, max_length=128,
-                                return_tensors="pt")
-            predicted = model(**encoded.to(model.device)).logits.argmax(-1)[0].tolist()
-            tags, previous = ["O"] * len(example.words), None
-            for position, word_id in enumerate(encoded.word_ids(0)):
-                if word_id is not None and word_id != previous:
-                    tags[word_id] = id2label[predicted[position]]
-                previous = word_id
-            out.append(tags)
-        return out
-
-    return timed_tags(tag_all, examples)
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model_dir", type=Path, help="exported folder with model.onnx and model.int8.onnx")
+    parser.add_argument("conll", type=Path, help="CoNLL file with gold tags (validation)")
+    parser.add_argument("--limit", type=int, default=None, help="first N sentences only")
+    parser.add_argument("--rows", nargs="+", choices=ROWS, default=list(ROWS))
+    parser.add_argument("--child", choices=ROWS, help=argparse.SUPPRESS)
+    parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        child(args.child, args.model_dir, args.conll, args.limit, args.result)
+        return 0
+    print("| runtime | sentences/s (tagging) | sentences/s (whole process) | words/s (tagging) | peak RSS (MiB) | "
+          "entity F1 (char spans) |\n|---|---:|---:|---:|---:|---:|")
+    with tempfile.TemporaryDirectory() as folder:
+        for row in args.rows:
+            out = Path(folder) / f"{row}.json"
+            command = [sys.executable, __file__, str(args.model_dir), str(args.conll), "--child", row,
+                       "--result", str(out)] + (["--limit", str(args.limit)] if args.limit else [])
+            measured = run_measured(command, Path(folder) / f"{row}.log", cwd=ROOT)
+            r = json.loads(out.read_text())
+            process_rate = r["sentences"] / measured["wall_s"]  # imports, loading, warm-up and tagging
+            print(f"| {row} | {r['sentences_per_s']:.0f} | {process_rate:.0f} | {r['words_per_s']:.0f} | "
+                  f"{measured['peak_rss_bytes'] / 2**20:.0f} | {r['f1'] * 100:.2f} |", flush=True)
+    return 0
 
 
-def evaluation_tagger(model_dir: Path):
-    """A Tagger set up as the run that exported `model_dir` evaluated: its window length, width rounding, dtype."""
-    from ner.infer import Tagger
-
-    training_args = json.loads((model_dir / "training_args.json").read_text())
-    tagger = Tagger(model_dir, precision=training_args["mixed_precision"],
-                    max_seq_length=training_args["max_seq_length"],
-                    pad_to_multiple_of=training_args.get("pad_to_multiple_of", 1))
-    return tagger, training_args
-
-
-def timed_evaluate(tagger, training_args: dict, examples: list[Example]) -> dict:
-    """The validation pass of the run whose export `tagger` holds (see evaluation_tagger), in one process.
-
-    Times Tagger.tag (ner.infer's batched forward and window merging, which training's evaluation also
-    runs) under the evaluation batch rule training uses: inference_batch_limits of the run's own
-    batch_size and max_tokens. Then scores with entity_scores in the run's tag scheme (not timed).
-    """
-    from ner.config import inference_batch_limits
-
-    limits = inference_batch_limits(training_args["batch_size"], training_args["max_tokens"])
-    return timed_tags(lambda: tagger.tag(examples, *limits)[0], examples, training_args.get("tag_scheme", "iob2"))
-
-
-def measure_inference(model_dir: Path, examples: list[Example]) -> dict:
-    """Every row of the inference table (see the module docstring), keyed by a label naming path and dtype."""
-    from ner.infer import Tagger
-
-    results = {REFERENCE_INFERENCE: one_at_a_time_hf(model_dir, examples)}
-    for precision in ("auto", "no"):
-        tagger = Tagger(model_dir, precision=precision)
-        tagger.tag(examples[:64])  # kernels and thread pools warm before the timing
-        results[f"ner.infer Tagger.tag, length-batched ({tagger.precision})"] = timed_tags(
-            lambda t=tagger: t.tag(examples)[0], examples)
-    tagger = Tagger(model_dir)
-    results[f"ner.infer Tagger.tag, one sentence per call ({tagger.precision})"] = timed_tags(
-        lambda: [tagger.tag([e])[0][0] for e in examples], examples)
-    tagger, training_args = evaluation_tagger(model_dir)
-    tagger.tag(examples[:64])
-    results[f"evaluation (Tagger.tag, training's batch limits, {tagger.precision})"] = timed_evaluate(
-        tagger, training_args, examples)
-    return results
-
-
-def score_export(model_dir: Path, examples: list[Example]) -> dict:
-    """F1 of a run that wrote no validation score, and the seconds its evaluation would have cost (model
-    loading included: the bench adds them to the run's process time)."""
-    start = time.perf_counter()
-    result = timed_evaluate(*evaluation_tagger(model_dir), examples)
-    return {"f1": result["f1"], "eval_added_s": time.perf_counter() - start}
+if __name__ == "__main__":
+    sys.exit(main())

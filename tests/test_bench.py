@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 from conftest import ROOT, python_module, run_cli, tiny_args
 
-SCRIPT_MODULES = ("bench", "bench_baseline", "bench_flops", "bench_inference", "bench_measure", "bench_report",
+SCRIPT_MODULES = ("bench", "bench_baseline", "bench_flops", "bench_eval_speed", "bench_measure", "bench_report",
                   "sweep_defaults")
 
 
@@ -176,7 +176,7 @@ def test_the_bench_scores_an_export_as_its_training_run_did(scripts, tiny_run, t
     from ner.data import read_conll
 
     trained = json.loads((tiny_run / "final" / "metrics.json").read_text())["validation"]["f1"]
-    scored = scripts.bench_inference.score_export(tiny_run / "final", read_conll(tiny_data["validation"]))
+    scored = scripts.bench_eval_speed.score_export(tiny_run / "final", read_conll(tiny_data["validation"]))
     assert trained > 0.2 and scored["f1"] == pytest.approx(trained, abs=1e-9) and scored["eval_added_s"] > 0
 
 
@@ -191,7 +191,7 @@ def test_timed_evaluate_uses_the_runs_evaluation_batch_rule(scripts):
             return [e.tags for e in examples], None
 
     examples = [Example(["EU", "rejects"], ["B-ORG", "O"], "x"), Example(["Peter"], ["B-PER"], "x")]
-    result = scripts.bench_inference.timed_evaluate(Tagger(), {"batch_size": 5, "max_tokens": 300}, examples)
+    result = scripts.bench_eval_speed.timed_evaluate(Tagger(), {"batch_size": 5, "max_tokens": 300}, examples)
     assert calls == [(10, 600)]  # twice the run's training limits (not the defaults), as its evaluation used
     assert result["f1"] == 1.0 and result["sentences_per_s"] > 0
 

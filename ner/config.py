@@ -20,9 +20,10 @@ from typing import Any
 
 import yaml
 
-from ner.data import SAMPLE_DIR
+from ner.data import DATA_FORMATS, SAMPLE_DIR
 from ner.decode import DECODERS
 from ner.errors import UserError
+from ner.spans import ALIGNMENTS
 
 log = logging.getLogger("ner")
 
@@ -48,6 +49,14 @@ class TrainConfig:
     test_file: str | None = _opt(None, "test data scored once at the end with the best model")
     dataset: str | None = _opt(
         None, "Hugging Face dataset name or save_to_disk folder with train/validation/test splits")
+    data_format: str = _opt(
+        "auto", "what the data files hold; auto: found from each file's content. conll, jsonl (words and tags), "
+        "spans (JSONL of texts with character spans: doccano, Prodigy), label-studio (its JSON export), "
+        "spacy (.spacy DocBin); docs/data_formats.md", choices=DATA_FORMATS)
+    span_alignment: str = _opt(
+        "strict", "span data: what to do with a span that cuts a word, overlaps another or leaves its text. "
+        "strict: refuse the file; expand: grow it to whole words; contract: shrink it to the words inside "
+        "(both keep the longer of overlapping spans and count what they did in the log)", choices=ALIGNMENTS)
     tokens_column: str = _opt("tokens", "column of words in a `datasets` dataset or JSONL file")
     tags_column: str = _opt("tags", "column of tags in a `datasets` dataset or JSONL file (`ner_tags` also tried)")
     tag_scheme: str = _opt("auto", "tag scheme of the input files", choices=("auto", "iob1", "iob2", "iobes"))
@@ -270,6 +279,14 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--runtime", choices=RUNTIMES, default="torch",
                         help="torch (default); onnx / onnx-int8: onnxruntime on the CPU over model.onnx / "
                              "model.int8.onnx, written by python -m ner.export MODEL_DIR OUT --onnx --quantize int8")
+
+
+def add_data_arguments(parser: argparse.ArgumentParser) -> None:
+    """How data files are read (ner.evaluate); ner.train takes the same from TrainConfig."""
+    for name in ("data_format", "span_alignment"):
+        spec = next(f for f in dataclasses.fields(TrainConfig) if f.name == name)
+        parser.add_argument(f"--{_flag(name)}", choices=spec.metadata["choices"], default=spec.default,
+                            help=spec.metadata["help"] + f" (default: {spec.default})")
 
 
 def add_inference_arguments(parser: argparse.ArgumentParser) -> None:

@@ -1,4 +1,4 @@
-"""Reading NER data (CoNLL, JSONL, `datasets`), tag schemes, and the label list.
+"""Reading NER data (CoNLL, JSONL, `datasets`, annotation-tool spans), tag schemes, and the label list.
 
 Every reader returns `Example`s that remember where they came from, so a bad tag in the
 validation file is reported as `valid.txt:1042: ...`, not as a KeyError deep in training.
@@ -19,6 +19,9 @@ TAG_PATTERN = re.compile(r"^(O|[BIES]-\S+)$")
 TAG_HELP = "expected O, or B-TYPE / I-TYPE / E-TYPE / S-TYPE such as B-PER"
 CONLL_HELP = "expected 'word ... TAG': two or more columns separated by spaces or tabs, tag last"
 DOCSTART = "-DOCSTART-"
+# What a file holds: found from its content (auto) or named with --data-format. spans, label-studio and
+# spacy are character spans over raw text (ner/spans.py).
+DATA_FORMATS = ("auto", "conll", "jsonl", "spans", "label-studio", "spacy")
 SAMPLE_DIR = Path(__file__).resolve().parent / "sample_data"
 
 
@@ -43,16 +46,46 @@ class Columns:
     document: str = "document"
 
 
-def read_examples(path: str | Path, columns: Columns = Columns(), split: str = "train") -> list[Example]:
-    """Dispatch on what `path` is: a save_to_disk folder, a JSON-lines file, or CoNLL."""
+def read_examples(path: str | Path, columns: Columns = Columns(), split: str = "train", data_format: str = "auto",
+                  span_alignment: str = "strict") -> list[Example]:
+    """Dispatch on what `path` is: a save_to_disk folder, or a file in one of DATA_FORMATS."""
     path = Path(path)
     if path.is_dir():
         return read_hf_dataset(str(path), split, columns)
     if not path.exists():
         raise UserError(f"{path}: file not found")
-    if path.suffix in (".jsonl", ".json"):
+    if data_format not in DATA_FORMATS:
+        raise UserError(f"--data-format {data_format}: expected one of {', '.join(DATA_FORMATS)}")
+    found = detect_format(path, columns) if data_format == "auto" else data_format
+    if found == "conll":
+        return read_conll(path)
+    if found == "jsonl":
         return read_jsonl(path, columns)
-    return read_conll(path)
+    from ner import spans
+
+    return spans.to_examples(spans.read_span_records(path, found, columns), str(path), span_alignment)
+
+
+def detect_format(path: Path, columns: Columns = Columns()) -> str:
+    """From the first bytes: a spaCy DocBin (zlib), a JSON list of tasks (Label Studio), JSON lines with
+    "text" (spans) or with words and tags (jsonl); anything else is CoNLL."""
+    with open(path, "rb") as handle:
+        head = handle.read(1 << 16)
+    if path.suffix == ".spacy" or head[:2] in (b"\x78\x9c", b"\x78\xda"):  # DocBin.to_bytes is zlib-compressed
+        return "spacy"
+    text = head.decode("utf-8-sig", errors="replace").lstrip()
+    if text.startswith("[") and (path.suffix == ".json" or text[1:].lstrip()[:1] in ("{", "]")):
+        return "label-studio"
+    if text.startswith("{"):
+        try:
+            first = json.loads(text.split("\n", 1)[0])
+        except json.JSONDecodeError:
+            first = None
+        if isinstance(first, dict) and isinstance(first.get("text"), str) and columns.tokens not in first:
+            return "spans"
+        if first is not None or path.suffix in (".jsonl", ".json"):
+            return "jsonl"
+    return "jsonl" if path.suffix in (".jsonl", ".json") else "conll"
 
 
 def has_documents(examples: list[Example]) -> bool:
@@ -60,10 +93,10 @@ def has_documents(examples: list[Example]) -> bool:
     return len({e.document for e in examples if e.document is not None}) >= 2
 
 
-def _read_text(path: Path) -> str:
+def read_utf8(path: Path) -> str:
     data = path.read_bytes()
     if not data.strip():
-        raise UserError(f"{path}: file is empty ({CONLL_HELP}, blank line between sentences)")
+        raise UserError(f"{path}: file is empty")
     if b"\x00" in data[:65536]:
         raise UserError(f"{path}: looks like a binary file (NUL bytes); expected UTF-8 text")
     try:
@@ -82,7 +115,7 @@ def conll_blocks(path: Path) -> Iterator[tuple[list[int], list[list[str]], int |
     lines: list[int] = []
     rows: list[list[str]] = []
     document: int | None = None
-    for line_no, line in enumerate(_read_text(path).splitlines(), start=1):
+    for line_no, line in enumerate(read_utf8(path).splitlines(), start=1):
         columns = line.split()
         if (not columns or columns[0] == DOCSTART) and rows:
             yield lines, rows, document
@@ -165,17 +198,25 @@ def read_predictions(path: Path) -> tuple[list[list[str]], list[list[str]]]:
     return gold, predicted
 
 
-def read_jsonl(path: Path, columns: Columns = Columns()) -> list[Example]:
-    examples = []
-    for line_no, line in enumerate(_read_text(path).splitlines(), start=1):
+def jsonl_records(path: Path, expected: str) -> Iterator[tuple[int, object]]:
+    """(line, parsed JSON) per non-blank line; lines end at \\n only (JSON text may hold U+2028 as is)."""
+    return parse_jsonl(read_utf8(path).split("\n"), path, expected)
+
+
+def parse_jsonl(lines: Iterable[str], source: object, expected: str) -> Iterator[tuple[int, object]]:
+    for line_no, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
+            yield line_no, json.loads(line)
         except json.JSONDecodeError as exc:
-            raise at(path, line_no, f"not valid JSON ({exc.msg}); expected "
-                     f'{{"{columns.tokens}": [...], "{columns.tags}": [...]}}') from None
-        examples.append(_example_from_record(record, str(path), line_no, columns))
+            raise at(source, line_no, f"not valid JSON ({exc.msg}); expected {expected}") from None
+
+
+def read_jsonl(path: Path, columns: Columns = Columns()) -> list[Example]:
+    expected = f'{{"{columns.tokens}": [...], "{columns.tags}": [...]}}'
+    examples = [_example_from_record(record, str(path), line_no, columns)
+                for line_no, record in jsonl_records(path, expected)]
     if not examples:
         raise UserError(f"{path}: no sentences found (expected one JSON object per line)")
     return examples
@@ -324,12 +365,13 @@ class Splits:
 
 
 def load_splits(train: str | None, validation: str | None, test: str | None, dataset: str | None,
-                tag_scheme: str, convert_to: str, columns: Columns = Columns()) -> Splits:
+                tag_scheme: str, convert_to: str, columns: Columns = Columns(), data_format: str = "auto",
+                span_alignment: str = "strict") -> Splits:
     """Read every split, settle the tag scheme once, convert where asked."""
     def read(path: str | None, split: str) -> list[Example] | None:
         if path is None:
             return None
-        return read_examples(path, columns, split)
+        return read_examples(path, columns, split, data_format, span_alignment)
 
     if dataset:
         splits = [read_hf_dataset(dataset, "train", columns),

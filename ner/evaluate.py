@@ -1,7 +1,8 @@
-"""Score an exported model on a CoNLL file, then show the sentences it tags worst.
+"""Score an exported model on a file with gold tags, then show the sentences it tags worst.
 
     python -m ner.evaluate runs/ner/final test.conll
     python -m ner.evaluate runs/ner/final test.conll --worst 25 --json test_report.json
+    python -m ner.evaluate runs/ner/final label_studio_export.json     # any format ner.train reads
 
 Prints seqeval's report per entity type and the overall micro-averaged precision, recall and F1
 (entity-level, exact spans), then the N sentences with the most entity errors (missed + spurious;
@@ -22,8 +23,8 @@ from pathlib import Path
 from seqeval.metrics import classification_report
 from seqeval.metrics.sequence_labeling import get_entities
 
-from ner.config import add_inference_arguments
-from ner.data import Example, check_known_labels, read_conll
+from ner.config import add_data_arguments, add_inference_arguments
+from ner.data import Example, check_known_labels, read_examples
 from ner.errors import UserError, cli
 from ner.metrics import entity_scores, seqeval_kwargs
 
@@ -113,10 +114,12 @@ def to_json(examples: list[Example], predicted: list[list[str]], worst: list[int
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m ner.evaluate", description=__doc__.splitlines()[0])
     parser.add_argument("model_dir", type=Path, help="an exported model folder (OUTPUT_DIR/final)")
-    parser.add_argument("file", type=Path, help="CoNLL file with gold tags (word ... TAG)")
+    parser.add_argument("file", type=Path, help="gold data: CoNLL (word ... TAG), JSONL, span JSONL, a Label Studio "
+                                                "export or a spaCy DocBin, found from the content (see --data-format)")
     parser.add_argument("--worst", type=int, default=10, metavar="N", help="worst sentences to show (default: 10)")
     parser.add_argument("--json", type=Path, metavar="OUT.json", help="also write scores and worst sentences here")
     add_inference_arguments(parser)
+    add_data_arguments(parser)
     return parser
 
 
@@ -132,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     from ner.infer import Tagger  # after the cheap checks: loading torch + transformers takes seconds
 
     tagger = Tagger.from_args(args)
-    examples = read_conll(args.file)
+    examples = read_examples(args.file, data_format=args.data_format, span_alignment=args.span_alignment)
     check_known_labels(examples, tagger.label2id)
     predicted, _ = tagger.tag(examples, args.batch_size, args.max_tokens)
     gold = [e.tags for e in examples]

@@ -5,9 +5,16 @@
     python -m ner.predict runs/ner/final words.txt --pretokenized      # words already split on spaces
     python -m ner.predict runs/ner/final test.conll --conll            # gold tags too: seqeval report on stderr
     python -m ner.predict runs/ner/final test.conll --conll --format conll > tagged.conll
+    python -m ner.predict runs/ner/final texts.jsonl --jsonl --format spans > pre_annotated.jsonl
 
 JSON output, one line per input line (raw text: an empty line gives no entities):
     {"entities": [{"text": "Angela Merkel", "type": "PER", "start": 0, "end": 13, "score": 0.99}]}
+--format spans: span JSONL, what ner.train reads back and annotation tools (doccano, Label Studio
+    via its converters) import, for correction:
+    {"text": "Angela Merkel met ...", "entities": [[0, 13, "PER"], ...]}
+    (--pretokenized / --conll: the words joined by spaces are the text)
+--jsonl: each line is {"text": ...} (span JSONL: texts may hold line breaks); its other fields are
+    kept in --format spans output, its entities replaced by the predicted ones.
 raw text (default): `start`/`end` are character offsets into the line, end exclusive, and
     `text == line[start:end]`; words are split CoNLL-style (ner/text.py), long texts windowed.
 --pretokenized and --conll: one JSON line per sentence (blank lines skipped), with its `words`;
@@ -28,9 +35,10 @@ from seqeval.metrics.sequence_labeling import get_entities
 from tqdm.auto import tqdm
 
 from ner.config import add_inference_arguments
-from ner.data import Example, check_known_labels, read_conll
+from ner.data import Example, check_known_labels, parse_jsonl, read_conll
 from ner.errors import UserError, cli
 from ner.infer import Tagger
+from ner.spans import SPAN_HELP, entities_record, span_record, text_of
 
 RAW_HELP = ("raw text (the default): each line is one text; entities carry character offsets "
             "(text == line[start:end])")
@@ -70,11 +78,26 @@ def read_input(args: argparse.Namespace) -> list[Example]:
     return read_plain(read_lines(args.file), str(args.file or "<stdin>"))
 
 
+def read_text_records(args: argparse.Namespace) -> list[dict]:
+    """Raw-text input as records: {"text": line} per line, or the --jsonl records."""
+    lines = read_lines(args.file)
+    if not args.jsonl:
+        return [{"text": line} for line in lines]
+    source = args.file or "<stdin>"
+    records = []
+    for line_no, record in parse_jsonl(lines, source, SPAN_HELP):
+        text_of(record, f"{source}:{line_no}")
+        records.append(record)
+    return records
+
+
 def write_output(examples: list[Example], tags: list[list[str]], probs: list[np.ndarray], fmt: str) -> None:
     out = sys.stdout
     for example, sentence_tags, sentence_probs in zip(examples, tags, probs):
         if fmt == "conll":
             out.write("".join(f"{w}\t{t}\n" for w, t in zip(example.words, sentence_tags)) + "\n")
+        elif fmt == "spans":
+            out.write(json.dumps(span_record([(example.words, sentence_tags)]), ensure_ascii=False) + "\n")
         else:
             record = {"words": example.words, "entities": entities(example.words, sentence_tags, sentence_probs)}
             out.write(json.dumps(record, ensure_ascii=False) + "\n")
@@ -92,14 +115,21 @@ def build_parser() -> argparse.ArgumentParser:
                            "(words[start:end]) and the output has `words`")
     mode.add_argument("--conll", action="store_true",
                       help="FILE is CoNLL (word ... TAG); word indices as --pretokenized; prints a seqeval report")
-    parser.add_argument("--format", choices=("json", "conll"), default="json", help="output format (default: json)")
+    mode.add_argument("--jsonl", action="store_true",
+                      help='each line is a JSON object with a "text" (span JSONL); character offsets as raw text')
+    parser.add_argument("--format", choices=("json", "conll", "spans"), default="json",
+                        help="output: json (entities with scores), conll (word<TAB>tag) or spans (span JSONL, "
+                             "which ner.train and annotation tools read) (default: json)")
     add_inference_arguments(parser)
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     return parser
 
 
 def predict_raw(tagger: Tagger, args: argparse.Namespace, progress) -> int:
-    results = tagger.predict(read_lines(args.file), args.batch_size, args.max_tokens, progress)
+    records = read_text_records(args)
+    results = tagger.predict([r["text"] for r in records], args.batch_size, args.max_tokens, progress)
+    if args.format == "spans":
+        results = [entities_record(record, result["entities"]) for record, result in zip(records, results)]
     sys.stdout.writelines(json.dumps(result, ensure_ascii=False) + "\n" for result in results)
     return 0
 

@@ -84,7 +84,8 @@ class Prepared:
 
 def read_data(cfg: TrainConfig) -> Splits:
     return load_splits(cfg.train_file, cfg.validation_file, cfg.test_file, cfg.dataset, cfg.tag_scheme,
-                       cfg.convert_tags_to, Columns(cfg.tokens_column, cfg.tags_column, cfg.document_column))
+                       cfg.convert_tags_to, Columns(cfg.tokens_column, cfg.tags_column, cfg.document_column),
+                       cfg.data_format, cfg.span_alignment)
 
 
 def prepare_data(cfg: TrainConfig, splits: Splits) -> Prepared:

@@ -30,6 +30,7 @@ CONLL_PATTERN = re.compile(rf"""
     | [+-]?(?<!\w)\.?\d+(?:[.,:/-]\d+)*(?:-?[^\W\d_]+)*        # 3.5 3,000 1996-12-06 2-1 1/2 .500 88th 15-year
     | \w+(?:[-'’&]\w+)*                                      # words, O'Neill, Bre-X, AT&T
     | (?<=[)\]}}"])['’](?:s|S|re|ve|ll|d|m)\b                   # a clitic after a bracket: (Tokyo)'s
+    | (?<!\S)['’](?i:s|re|ve|ll|d|m)(?![\w'’])                  # a clitic already split off: Japan 's
     | \.\.\.|--|[^\w\s]                                       # punctuation, one mark at a time
 """, re.VERBOSE)
 _CLITIC = re.compile(r"(?i)(?<=\w)(n['’]t|['’](?:s|re|ve|ll|d|m))$")

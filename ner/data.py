@@ -77,11 +77,14 @@ def detect_format(path: Path, columns: Columns = Columns()) -> str:
     if text.startswith("[") and (path.suffix == ".json" or text[1:].lstrip()[:1] in ("{", "]")):
         return "label-studio"
     if text.startswith("{"):
+        with open(path, encoding="utf-8-sig", errors="replace") as handle:
+            first_line = next((line for line in handle if line.strip()), "")
         try:
-            first = json.loads(text.split("\n", 1)[0])
+            first = json.loads(first_line)
         except json.JSONDecodeError:
             first = None
-        if isinstance(first, dict) and isinstance(first.get("text"), str) and columns.tokens not in first:
+        if isinstance(first, dict) and isinstance(first.get("text"), str) and columns.tags not in first \
+                and "ner_tags" not in first:  # a text without tags: spans (Prodigy's may have "tokens" too)
             return "spans"
         if first is not None or path.suffix in (".jsonl", ".json"):
             return "jsonl"

@@ -2,7 +2,8 @@
 
     span JSONL    {"text": "...", "entities": [[start, end, "TYPE"], ...]}, one text a line; the list may
                   be called "label" or "labels" (doccano) or "spans" (Prodigy; records it rejected are
-                  skipped), and a span may be {"start": .., "end": .., "label": ..}
+                  skipped, and its "tokens" are kept as the words), and a span may be
+                  {"start": .., "end": .., "label": ..}
     Label Studio  its JSON export (a list of tasks): the latest annotation of each task
     spaCy         a .spacy DocBin (needs spaCy: pip install 'ner[spacy]')
 
@@ -64,6 +65,7 @@ class SpanRecord:
     where: str  # "train.jsonl:17" or "export.json: task 3 (id 41)"
     line: int | None = None
     document: str | int | None = None
+    words: list[Word] | None = None  # the record's own tokens (Prodigy's "tokens"); None: split the text
 
 
 @dataclass
@@ -143,6 +145,22 @@ def text_of(record: object, where: str) -> str:
     return record["text"]
 
 
+def record_tokens(record: dict, text: str, where: str) -> list[Word] | None:
+    """Prodigy's "tokens" ([{"text", "start", "end"}, ...]): the words the spans were drawn on, kept as they are."""
+    tokens = record.get("tokens")
+    if tokens is None:
+        return None
+    words = []
+    for token in tokens if isinstance(tokens, list) else [tokens]:
+        start, end = (token.get("start"), token.get("end")) if isinstance(token, dict) else (None, None)
+        if not (_int(start) and _int(end) and 0 <= start < end <= len(text)) or \
+                token.get("text", text[start:end]) != text[start:end]:
+            raise UserError(f'{where}: token {token!r} is not {{"text", "start", "end"}} over the text; '
+                            'fix it or leave "tokens" out (the text is then split into words)')
+        words.append((text[start:end], start, end))
+    return words
+
+
 def read_span_jsonl(path: Path, records: Iterable[tuple[int, object]], document_key: str) -> list[SpanRecord]:
     """`records`: (line, parsed JSON) per line of a span JSONL file."""
     out = []
@@ -158,7 +176,7 @@ def read_span_jsonl(path: Path, records: Iterable[tuple[int, object]], document_
         document = record.get(document_key, f"line {line}")
         if not isinstance(document, (str, int)) or isinstance(document, bool):
             raise UserError(f'{where}: "{document_key}" must be a string or an integer (got {document!r})')
-        out.append(SpanRecord(text, spans, where, line, document))
+        out.append(SpanRecord(text, spans, where, line, document, record_tokens(record, text, where)))
     if skipped:
         log.info("%s: skipped %d texts the annotator rejected or ignored (\"answer\")", path, skipped)
     return out
@@ -339,7 +357,7 @@ def keep_longest(placed: list[Placed], record: SpanRecord, tally: Tally) -> list
 
 def tag_record(record: SpanRecord, tally: Tally) -> tuple[list[Word], list[str]]:
     """The record's words and their IOB2 tags."""
-    words = split_words(record.text)
+    words = record.words if record.words is not None else split_words(record.text)
     placed: list[Placed] = []
     for span in record.spans:
         tally.counts["spans"] += 1
@@ -384,21 +402,24 @@ def to_examples(records: list[SpanRecord], source: str, alignment: str) -> list[
 
 # ----------------------------------------------------------------------------- words and tags -> spans
 
-def span_record(sentences: Iterable[tuple[list[str], list[str]]]) -> dict:
-    """{"text", "entities"} for sentences of (words, tags): words joined by spaces, sentences by newlines,
-    so that reading the record back gives the same sentences and tags (where the splitter keeps the words)."""
+def span_record(sentences: Iterable[tuple[list[str], list[str]]], tokens: bool = False) -> dict:
+    """{"text", "entities"} for sentences of (words, tags): words joined by spaces, sentences by newlines.
+    `tokens`: also the words as Prodigy's "tokens", so that reading the record back gives the same
+    words whatever the splitter would make of the text."""
     from seqeval.metrics.sequence_labeling import get_entities
 
-    lines, entities, offset = [], [], 0
+    lines, entities, words_at, offset = [], [], [], 0
     for words, tags in sentences:
         starts = []
         for word in words:
             starts.append(offset)
+            words_at.append({"text": word, "start": offset, "end": offset + len(word)})
             offset += len(word) + 1
         entities += [[starts[first], starts[last] + len(words[last]), kind] for kind, first, last in get_entities(tags)]
         lines.append(" ".join(words))
         offset += not words  # an empty line still takes its newline
-    return {"text": "\n".join(lines), "entities": entities}
+    record = {"text": "\n".join(lines), "entities": entities}
+    return {**record, "tokens": words_at} if tokens else record
 
 
 def entities_record(record: dict, entities: list[dict]) -> dict:

@@ -6,8 +6,9 @@
 
 One record per document (-DOCSTART- section; `--per sentence`: per sentence, with a "document" field):
 its sentences joined by newlines, words by spaces, each entity a [start, end, TYPE] character span.
-Reading the records back goes through the raw-text word splitter, as any annotation-tool export does;
-the check at the end counts the sentences whose words or tags come back different (docs/data_formats.md).
+Reading the records back goes through the raw-text word splitter, as any annotation-tool export does
+(`--tokens` writes the words too, which are then kept); the check at the end counts the sentences
+whose words or entities come back different (docs/data_formats.md).
 """
 
 from __future__ import annotations
@@ -21,10 +22,10 @@ from ner.errors import cli
 from ner.spans import span_record, write_jsonl
 
 
-def records(documents: list[list[Example]], per: str) -> list[dict]:
+def records(documents: list[list[Example]], per: str, tokens: bool) -> list[dict]:
     if per == "document":
-        return [span_record((s.words, s.tags) for s in document) for document in documents]
-    return [{**span_record([(s.words, s.tags)]), "document": number}
+        return [span_record(((s.words, s.tags) for s in document), tokens) for document in documents]
+    return [{**span_record([(s.words, s.tags)], tokens), "document": number}
             for number, document in enumerate(documents) for s in document]
 
 
@@ -52,11 +53,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out", type=Path, help="span JSONL to write")
     parser.add_argument("--per", choices=("document", "sentence"), default="document")
     parser.add_argument("--documents", type=int, default=0, help="only the first N documents (0: all)")
+    parser.add_argument("--tokens", action="store_true",
+                        help='also write the words as "tokens" (Prodigy\'s field), kept as the words when read back')
     parser.add_argument("--conll-subset", type=Path, help="also write those documents as CoNLL here")
     args = parser.parse_args(argv)
     documents = read_conll_documents(args.conll)
     documents = documents[:args.documents] if args.documents else documents
-    write_jsonl(args.out, records(documents, args.per))
+    write_jsonl(args.out, records(documents, args.per, args.tokens))
     original = [sentence for document in documents for sentence in document]
     if args.conll_subset:
         write_conll(args.conll_subset, original)

@@ -15,6 +15,8 @@ JSON output, one line per input line (raw text: an empty line gives no entities)
     (--pretokenized / --conll: the words joined by spaces are the text)
 --jsonl: each line is {"text": ...} (span JSONL: texts may hold line breaks); its other fields are
     kept in --format spans output, its entities replaced by the predicted ones.
+--format label-studio (raw text, --jsonl): one JSON list of Label Studio tasks with the entities as
+    predictions, to import and correct there (its Named Entity Recognition template's names).
 raw text (default): `start`/`end` are character offsets into the line, end exclusive, and
     `text == line[start:end]`; words are split CoNLL-style (ner/text.py), long texts windowed.
 --pretokenized and --conll: one JSON line per sentence (blank lines skipped), with its `words`;
@@ -38,7 +40,7 @@ from ner.config import add_inference_arguments
 from ner.data import Example, check_known_labels, parse_jsonl, read_conll
 from ner.errors import UserError, cli
 from ner.infer import Tagger
-from ner.spans import SPAN_HELP, entities_record, span_record, text_of
+from ner.spans import SPAN_HELP, entities_record, label_studio_task, span_record, text_of
 
 RAW_HELP = ("raw text (the default): each line is one text; entities carry character offsets "
             "(text == line[start:end])")
@@ -117,9 +119,10 @@ def build_parser() -> argparse.ArgumentParser:
                       help="FILE is CoNLL (word ... TAG); word indices as --pretokenized; prints a seqeval report")
     mode.add_argument("--jsonl", action="store_true",
                       help='each line is a JSON object with a "text" (span JSONL); character offsets as raw text')
-    parser.add_argument("--format", choices=("json", "conll", "spans"), default="json",
-                        help="output: json (entities with scores), conll (word<TAB>tag) or spans (span JSONL, "
-                             "which ner.train and annotation tools read) (default: json)")
+    parser.add_argument("--format", choices=("json", "conll", "spans", "label-studio"), default="json",
+                        help="output: json (entities with scores), conll (word<TAB>tag), spans (span JSONL, "
+                             "which ner.train and annotation tools read) or label-studio (tasks with "
+                             "predictions to import) (default: json)")
     add_inference_arguments(parser)
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     return parser
@@ -128,6 +131,10 @@ def build_parser() -> argparse.ArgumentParser:
 def predict_raw(tagger: Tagger, args: argparse.Namespace, progress) -> int:
     records = read_text_records(args)
     results = tagger.predict([r["text"] for r in records], args.batch_size, args.max_tokens, progress)
+    if args.format == "label-studio":
+        tasks = [label_studio_task(r, result["entities"], args.model_dir.name) for r, result in zip(records, results)]
+        sys.stdout.write(json.dumps(tasks, ensure_ascii=False, indent=1) + "\n")
+        return 0
     if args.format == "spans":
         results = [entities_record(record, result["entities"]) for record, result in zip(records, results)]
     sys.stdout.writelines(json.dumps(result, ensure_ascii=False) + "\n" for result in results)
@@ -139,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.format == "conll" and not (args.pretokenized or args.conll):
         raise UserError("--format conll writes one word a line: pass --pretokenized or --conll")
+    if args.format == "label-studio" and (args.pretokenized or args.conll):
+        raise UserError("--format label-studio writes character offsets: give raw text or --jsonl")
     tagger = Tagger.from_args(args)
     progress = partial(tqdm, disable=args.quiet, file=sys.stderr, dynamic_ncols=True)
     if not (args.pretokenized or args.conll):

@@ -429,6 +429,17 @@ def entities_record(record: dict, entities: list[dict]) -> dict:
     return {**kept, "entities": [[e["start"], e["end"], e["type"]] for e in entities]}
 
 
+def label_studio_task(record: dict, entities: list[dict], model_version: str) -> dict:
+    """A Label Studio task holding ner.predict's raw-text entities as a prediction to correct (the
+    `label`/`text` names of its Named Entity Recognition template)."""
+    data = {key: value for key, value in record.items() if key not in SPAN_KEYS}
+    result = [{"from_name": "label", "to_name": "text", "type": "labels", "score": e["score"],
+               "value": {"start": e["start"], "end": e["end"], "text": e["text"], "labels": [e["type"]]}}
+              for e in entities]
+    score = round(sum(e["score"] for e in entities) / len(entities), 4) if entities else None
+    return {"data": data, "predictions": [{"model_version": model_version, "score": score, "result": result}]}
+
+
 def write_jsonl(path: Path, records: Iterable[dict]) -> Path:
     """One JSON object a line, UTF-8 as is; written whole or not at all."""
     import os

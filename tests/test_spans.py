@@ -198,7 +198,7 @@ def test_label_studio_errors(tmp_path):
 
 
 def test_spacy_docbin(tmp_path):
-    spacy = pytest.importorskip("spacy")
+    import spacy  # in the test extra: this check runs wherever the tests do
     from spacy.tokens import DocBin
 
     nlp = spacy.blank("en")
@@ -277,6 +277,18 @@ def test_predict_writes_spans_that_train_reads_back(random_model, tiny_data, tmp
             assert record["text"][start:end] == record["text"][start:end].strip() and kind in {"PER", "LOC", "ORG"}
     (tmp_path / "predicted.jsonl").write_text(result.stdout, encoding="utf-8")
     assert len(read_examples(tmp_path / "predicted.jsonl")) == 3  # two lines of text 7, one of text 8
+    studio = run_cli(python_module("ner.predict", str(random_model), str(texts), "--jsonl", "--format",
+                                   "label-studio", "--quiet"))
+    assert studio.returncode == 0, studio.stderr
+    tasks = json.loads(studio.stdout)
+    assert [t["data"]["id"] for t in tasks] == [7, 8] and "label" not in tasks[0]["data"]
+    predicted = [r["value"] for t in tasks for r in t["predictions"][0]["result"]]
+    assert predicted and all(t["data"]["text"][v["start"]:v["end"]] == v["text"] for t in tasks
+                             for v in (r["value"] for r in t["predictions"][0]["result"]))
+    for task in tasks:  # accepted in Label Studio, a prediction becomes an annotation: read back as such
+        task["annotations"] = task.pop("predictions")
+    (tmp_path / "accepted.json").write_text(json.dumps(tasks), encoding="utf-8")
+    assert sum(t != "O" for e in read_examples(tmp_path / "accepted.json") for t in e.tags) >= len(predicted)
     conll = run_cli(python_module("ner.predict", str(random_model), str(tiny_data["test"]), "--conll",
                                   "--format", "spans", "--quiet"))
     assert conll.returncode == 0, conll.stderr

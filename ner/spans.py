@@ -22,6 +22,7 @@ units (JavaScript) or with CRLF as one character are tried and, if they hit, use
 
 from __future__ import annotations
 
+import bisect
 import json
 import logging
 import re
@@ -150,13 +151,14 @@ def record_tokens(record: dict, text: str, where: str) -> list[Word] | None:
     tokens = record.get("tokens")
     if tokens is None:
         return None
-    words = []
+    words: list[Word] = []
     for token in tokens if isinstance(tokens, list) else [tokens]:
         start, end = (token.get("start"), token.get("end")) if isinstance(token, dict) else (None, None)
-        if not (_int(start) and _int(end) and 0 <= start < end <= len(text)) or \
+        after = words[-1][2] if words else 0  # in text order, none overlapping
+        if not (_int(start) and _int(end) and after <= start < end <= len(text)) or \
                 token.get("text", text[start:end]) != text[start:end]:
-            raise UserError(f'{where}: token {token!r} is not {{"text", "start", "end"}} over the text; '
-                            'fix it or leave "tokens" out (the text is then split into words)')
+            raise UserError(f'{where}: token {token!r} is not {{"text", "start", "end"}} over the text, after '
+                            'the one before; fix it or leave "tokens" out (the text is then split into words)')
         words.append((text[start:end], start, end))
     return words
 
@@ -316,7 +318,9 @@ def snap(span: Span, start: int, end: int, words: list[Word], record: SpanRecord
     if any(trimmed):
         tally.counts["trimmed of surrounding whitespace"] += 1
         start, end = start + trimmed[0], end - trimmed[1]
-    touched = [i for i, (_, w_start, w_end) in enumerate(words) if w_start < end and w_end > start]
+    # Words are in text order without overlap: those touching [start, end) are a run, found by bisection.
+    touched = range(bisect.bisect_right(words, start, key=lambda w: w[2]),
+                    bisect.bisect_left(words, end, key=lambda w: w[1]))
     if not touched:
         tally.problem("dropped: covers no word", record, f"span {span} {text[start:end]!r} covers no word")
         return None

@@ -122,11 +122,13 @@ def test_doccano_prodigy_and_object_spans_and_the_document_field(tmp_path, caplo
                        {"text": "Rome too.", "spans": [{"start": 0, "end": 4, "label": "LOC", "token_start": 0}],
                         "answer": "accept", "document": "d1"},
                        {"text": "Oslo.", "spans": [{"start": 0, "end": 4, "label": "LOC"}], "answer": "reject"},
-                       {"text": "Kim left.", "labels": [{"start": 0, "end": 3, "labels": ["PER"]}]})
+                       {"text": "Kim left.", "labels": [{"start": 0, "end": 3, "labels": ["PER"]}]},
+                       {"id": 9, "text": "Acme won.", "relations": [],  # doccano 1.x
+                        "entities": [{"id": 3, "label": "ORG", "start_offset": 0, "end_offset": 4}]})
     with caplog.at_level(logging.INFO, logger="ner"):
         examples = read_examples(path)
-    assert [e.tags[0] for e in examples] == ["B-LOC", "B-LOC", "B-PER"]
-    assert [e.document for e in examples] == ["d1", "d1", "line 4"]
+    assert [e.tags[0] for e in examples] == ["B-LOC", "B-LOC", "B-PER", "B-ORG"]
+    assert [e.document for e in examples] == ["d1", "d1", "line 4", "line 5"]
     assert "skipped 1 texts the annotator rejected" in caplog.text
 
 
@@ -246,9 +248,13 @@ def test_conll_to_spans_and_back_gives_the_same_sentences_and_tags(tmp_path):
 
 
 def test_prodigy_tokens_must_lie_on_the_text(tmp_path):
-    bad = {"text": "Paris is big", "tokens": [{"text": "Pari", "start": 0, "end": 5}]}
-    with pytest.raises(UserError, match=r"a.jsonl:1: token .* is not \{\"text\", \"start\", \"end\"\} over the text"):
-        read_examples(write_spans(tmp_path / "a.jsonl", bad))
+    good = {"text": "Paris is big", "tokens": [{"text": "Paris", "start": 0, "end": 5}, {"start": 6, "end": 12}],
+            "spans": [{"start": 0, "end": 5, "label": "LOC"}]}
+    assert tagged(read_examples(write_spans(tmp_path / "a.jsonl", good))) == [[("Paris", "B-LOC"), ("is big", "O")]]
+    for tokens in ([{"text": "Pari", "start": 0, "end": 5}], [{"start": 6, "end": 8}, {"start": 0, "end": 5}]):
+        bad = {"text": "Paris is big", "tokens": tokens}
+        with pytest.raises(UserError, match=r"a.jsonl:1: token .* is not \{\"text\", \"start\", \"end\"\} over the text"):
+            read_examples(write_spans(tmp_path / "a.jsonl", bad))
 
 
 def test_conll2003_to_spans_script_round_trip(tmp_path):

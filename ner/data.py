@@ -7,6 +7,7 @@ validation file is reported as `valid.txt:1042: ...`, not as a KeyError deep in 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 from collections.abc import Iterable, Iterator
@@ -14,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ner.errors import UserError, at
+
+log = logging.getLogger("ner")
 
 TAG_PATTERN = re.compile(r"^(O|[BIES]-\S+)$")
 TAG_HELP = "expected O, or B-TYPE / I-TYPE / E-TYPE / S-TYPE such as B-PER"
@@ -57,6 +60,8 @@ def read_examples(path: str | Path, columns: Columns = Columns(), split: str = "
     if data_format not in DATA_FORMATS:
         raise UserError(f"--data-format {data_format}: expected one of {', '.join(DATA_FORMATS)}")
     found = detect_format(path, columns) if data_format == "auto" else data_format
+    if data_format == "auto" and found != "conll":
+        log.info("%s: read as %s (found from its content; --data-format chooses another)", path, found)
     if found == "conll":
         return read_conll(path)
     if found == "jsonl":

@@ -253,7 +253,7 @@ def test_prodigy_tokens_must_lie_on_the_text(tmp_path):
     assert tagged(read_examples(write_spans(tmp_path / "a.jsonl", good))) == [[("Paris", "B-LOC"), ("is big", "O")]]
     for tokens in ([{"text": "Pari", "start": 0, "end": 5}], [{"start": 6, "end": 8}, {"start": 0, "end": 5}]):
         bad = {"text": "Paris is big", "tokens": tokens}
-        with pytest.raises(UserError, match=r"a.jsonl:1: token .* is not \{\"text\", \"start\", \"end\"\} over the text"):
+        with pytest.raises(UserError, match=r'a.jsonl:1: token .* is not \{"text", "start", "end"\} over the text'):
             read_examples(write_spans(tmp_path / "a.jsonl", bad))
 
 

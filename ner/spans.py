@@ -305,8 +305,9 @@ def locate(span: Span, text: str, record: SpanRecord, tally: Tally) -> tuple[int
         return None
     hint = " (are the offsets bytes or UTF-16 code units? they must count characters)" \
         if any(ord(c) > 0x7F for c in text) else ""
-    tally.problem("clipped to the text", record, f"span {span} lies outside the text ({len(text)} characters){hint}")
     start, end = max(start, 0), min(end, len(text))
+    tally.problem("clipped to the text" if start < end else "dropped: outside the text", record,
+                  f"span {span} lies outside the text ({len(text)} characters){hint}")
     return (start, end) if start < end else None
 
 

@@ -66,6 +66,7 @@ CASES = {
     "outside the text": ([27, 99, "LOC"], "lies outside the text (34 characters)",  # clipped: "Berlin."
                          [NO, NO, NO, NO, NO, "B-LOC", "I-LOC"], [NO, NO, NO, NO, NO, "B-LOC", "I-LOC"]),
     "empty": ([27, 27, "LOC"], "is empty (start >= end)", [NO] * 7, [NO] * 7),
+    "wholly past the end": ([40, 45, "LOC"], "lies outside the text (34 characters)", [NO] * 7, [NO] * 7),
 }
 
 

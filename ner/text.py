@@ -31,6 +31,8 @@ CONLL_PATTERN = re.compile(rf"""
     | \w+(?:[-'’&]\w+)*                                      # words, O'Neill, Bre-X, AT&T
     | (?<=[)\]}}"])['’](?:s|S|re|ve|ll|d|m)\b                   # a clitic after a bracket: (Tokyo)'s
     | (?<!\S)['’](?i:s|re|ve|ll|d|m)(?![\w'’])                  # a clitic already split off: Japan 's
+    | [\U0001F1E6-\U0001F1FF]{{2}}                                # a flag: two regional indicators
+    | [^\w\s](?:[\ufe0f\U0001F3FB-\U0001F3FF]|\u200d[^\w\s])+     # an emoji with a skin tone, or joined (ZWJ)
     | \.\.\.|--|[^\w\s]                                       # punctuation, one mark at a time
 """, re.VERBOSE)
 _CLITIC = re.compile(r"(?i)(?<=\w)(n['’]t|['’](?:s|re|ve|ll|d|m))$")

@@ -32,8 +32,8 @@ def test_offsets_count_characters_through_accents_emoji_and_crlf(tmp_path):
     examples = read_examples(write_spans(tmp_path / "a.jsonl", {"text": text, "entities": spans}))
     assert tagged(examples) == [
         [("Café", "O"), ("😀", "O"), ("in", "O"), ("Zürich", "B-LOC")],
-        [("Ángel", "B-PER"), ("Niño", "I-PER"), ("👩", "O"), ("👩", "O"), ("👧", "O"), ("met", "O"),
-         ("Łódź", "B-LOC"), (".", "O")]]  # the splitter parts a joined emoji at its zero-width joiners
+        [("Ángel", "B-PER"), ("Niño", "I-PER"), ("👩\u200d👩\u200d👧", "O"), ("met", "O"), ("Łódź", "B-LOC"),
+         (".", "O")]]
     assert examples[0].document == examples[1].document  # one text, one document, cut at the line break
 
 

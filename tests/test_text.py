@@ -63,6 +63,10 @@ def assert_entities_slice(text: str, entities: list[dict]) -> None:
     ("See https://example.com/a?b=1. Mail ada@example.co.uk!", ["See", "https://example.com/a?b=1", ".", "Mail",
                                                                 "ada@example.co.uk", "!"]),
     ("1. Japan 2. China in the U.S..", ["1.", "Japan", "2.", "China", "in", "the", "U.S.", "."]),
+    ("Emoji \U0001F600\U0001F1EB\U0001F1F7 family \U0001F468\u200d\U0001F469\u200d\U0001F467 "
+     "done\U0001F44D\U0001F3FD...",
+     ["Emoji", "\U0001F600", "\U0001F1EB\U0001F1F7", "family", "\U0001F468\u200d\U0001F469\u200d\U0001F467", "done",
+      "\U0001F44D\U0001F3FD", "..."]),  # one emoji one word, however many code points it takes
 ])
 def test_conll_style_words(text, expected):
     words = split_words(text)

@@ -4,8 +4,9 @@
     split_words("O'Neill's U.S. trip.")  # [("O'Neill", 0, 7), ("'s", 7, 9), ("U.S.", 10, 14), ...]
 
 Punctuation is split off words, while abbreviations ("U.S."), names with an apostrophe ("O'Neill"),
-numbers ("3.5", "3,000", "1996-12-06", "2-1"), hyphenated words, URLs and e-mail addresses stay whole;
-clitics are split as in the Penn Treebank ("Japan's" -> "Japan" "'s", "don't" -> "do" "n't").
+numbers ("3.5", "3,000", "1996-12-06", "2-1"), hyphenated words, URLs, e-mail addresses and emoji
+(joined, skin-toned or flags) stay whole; clitics are split as in the Penn Treebank ("Japan's" ->
+"Japan" "'s", "don't" -> "do" "n't"), and one already split off ("Japan 's", CoNLL's own text) stays so.
 The choice of this splitter over simpler ones was measured: docs/raw_text.md.
 Every offset slices the original string: `text[start:end] == word`, whatever the text holds.
 """

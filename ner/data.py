@@ -164,17 +164,25 @@ def read_conll_documents(path: Path) -> list[list[Example]]:
     return documents
 
 
-def write_columns(path: Path, sentences: Iterable[Iterable[tuple[str, ...]]]) -> Path:
-    """One tab-separated row per word, a blank line after each sentence; written whole or not at all."""
+def write_lines(path: Path, lines: Iterable[str]) -> Path:
+    """UTF-8 lines (each ending in \\n) written to a temporary name, then renamed: whole or not at all."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        for rows in sentences:
-            handle.writelines("\t".join(row) + "\n" for row in rows)
-            handle.write("\n")
+    with open(tmp, "w", encoding="utf-8", newline="\n") as handle:
+        handle.writelines(lines)
     os.replace(tmp, path)
     return path
+
+
+def write_columns(path: Path, sentences: Iterable[Iterable[tuple[str, ...]]]) -> Path:
+    """One tab-separated row per word, a blank line after each sentence; written whole or not at all."""
+    def lines() -> Iterator[str]:
+        for rows in sentences:
+            yield from ("\t".join(row) + "\n" for row in rows)
+            yield "\n"
+
+    return write_lines(path, lines())
 
 
 def write_conll(path: Path, examples: list[Example]) -> Path:
@@ -219,6 +227,11 @@ def parse_jsonl(lines: Iterable[str], source: object, expected: str) -> Iterator
             yield line_no, json.loads(line)
         except json.JSONDecodeError as exc:
             raise at(source, line_no, f"not valid JSON ({exc.msg}); expected {expected}") from None
+
+
+def write_jsonl(path: Path, records: Iterable[object]) -> Path:
+    """One JSON value a line, non-ASCII as is: what jsonl_records reads back."""
+    return write_lines(path, (json.dumps(record, ensure_ascii=False) + "\n" for record in records))
 
 
 def read_jsonl(path: Path, columns: Columns = Columns()) -> list[Example]:

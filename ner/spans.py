@@ -346,12 +346,14 @@ def keep_longest(placed: list[Placed], record: SpanRecord, tally: Tally) -> list
     the same words with the same label twice count once."""
     kept: list[Placed] = []
     taken: set[int] = set()
+    seen: set[tuple[int, int, str]] = set()
     for first, last, label, span in sorted(placed, key=lambda p: (p[0] - p[1], p[0])):
-        if any(k[:3] == (first, last, label) for k in kept):
+        if (first, last, label) in seen:
             tally.counts["duplicates merged"] += 1
         elif taken.isdisjoint(range(first, last)):
             kept.append((first, last, label, span))
             taken.update(range(first, last))
+            seen.add((first, last, label))
         else:
             other = next(k for k in kept if k[0] < last and first < k[1])[3]
             tally.problem("dropped: overlaps a longer span", record,
@@ -427,31 +429,23 @@ def span_record(sentences: Iterable[tuple[list[str], list[str]]], tokens: bool =
     return {**record, "tokens": words_at} if tokens else record
 
 
+def _without_spans(record: dict) -> dict:
+    """A record's other fields (its text, an id, a document), for predicted spans to replace its own."""
+    return {key: value for key, value in record.items() if key not in SPAN_KEYS}
+
+
 def entities_record(record: dict, entities: list[dict]) -> dict:
     """`record` ({"text", ...}) with its spans replaced by ner.predict's raw-text entities, whose offsets
-    are characters already; the record's other fields (an id, a document) are kept."""
-    kept = {key: value for key, value in record.items() if key not in SPAN_KEYS}
-    return {**kept, "entities": [[e["start"], e["end"], e["type"]] for e in entities]}
+    are characters already."""
+    return {**_without_spans(record), "entities": [[e["start"], e["end"], e["type"]] for e in entities]}
 
 
 def label_studio_task(record: dict, entities: list[dict], model_version: str) -> dict:
     """A Label Studio task holding ner.predict's raw-text entities as a prediction to correct (the
     `label`/`text` names of its Named Entity Recognition template)."""
-    data = {key: value for key, value in record.items() if key not in SPAN_KEYS}
+    data = _without_spans(record)
     result = [{"from_name": "label", "to_name": "text", "type": "labels", "score": e["score"],
                "value": {"start": e["start"], "end": e["end"], "text": e["text"], "labels": [e["type"]]}}
               for e in entities]
     score = round(sum(e["score"] for e in entities) / len(entities), 4) if entities else None
     return {"data": data, "predictions": [{"model_version": model_version, "score": score, "result": result}]}
-
-
-def write_jsonl(path: Path, records: Iterable[dict]) -> Path:
-    """One JSON object a line, UTF-8 as is; written whole or not at all."""
-    import os
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8", newline="\n") as handle:
-        handle.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
-    os.replace(tmp, path)
-    return path

@@ -17,9 +17,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from ner.data import Example, read_conll_documents, read_examples, to_iob2, write_conll
+from ner.data import Example, read_conll_documents, read_examples, to_iob2, write_conll, write_jsonl
 from ner.errors import cli
-from ner.spans import span_record, write_jsonl
+from ner.spans import span_record
 
 
 def records(documents: list[list[Example]], per: str, tokens: bool) -> list[dict]:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from seqeval.metrics.sequence_labeling import get_entities
 
-from ner.data import Example, read_conll, read_conll_documents
+from ner.data import Example, read_conll, read_conll_documents, write_jsonl
 from ner.text import SPLITTERS
 
 CLOSING = re.compile(r"^(?:[.,;:!?)\]}%]|\.\.\.|n't|'(?:s|S|re|ve|ll|d|m))$")
@@ -110,9 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     docs = [detokenize(document) for document in read_conll_documents(args.conll)]
     if args.write_jsonl:
-        with open(args.write_jsonl, "w", encoding="utf-8") as out:
-            for text, _, entities in docs:
-                out.write(json.dumps({"text": text, "entities": entities}, ensure_ascii=False) + "\n")
+        write_jsonl(args.write_jsonl, ({"text": text, "entities": entities} for text, _, entities in docs))
     results = {"documents": len(docs), "splitters": splitter_stats(docs)}
     if args.model:
         results["scores"] = raw_text_scores(args.model, docs, args.conll)

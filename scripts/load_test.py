@@ -18,7 +18,6 @@ import ipaddress
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -28,6 +27,8 @@ from urllib.parse import urlparse
 
 import httpx
 import numpy as np
+
+from ner.serve import free_local_port, wait_until_healthy
 
 TEXTS = [
     "Angela Merkel met Emmanuel Macron in Paris on Tuesday.",
@@ -50,19 +51,12 @@ def check_loopback(url: str) -> None:
 
 
 def start_server(model_dir: Path, extra: list[str]) -> tuple[subprocess.Popen, str]:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_local_port()
     process = subprocess.Popen([sys.executable, "-m", "ner.serve", str(model_dir), "--port", str(port), *extra],
                                env={**os.environ, "HF_HUB_OFFLINE": "1"})
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline and process.poll() is None:
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return process, url
-        except httpx.TransportError:
-            time.sleep(0.3)
+    if wait_until_healthy(url, process, timeout_s=180):
+        return process, url
     process.kill()
     sys.exit("error: the server did not come up within 180 s")
 

@@ -20,7 +20,7 @@ httpx = pytest.importorskip("httpx")
 from conftest import ROOT  # noqa: E402
 from fastapi.testclient import TestClient  # noqa: E402
 
-from ner.serve import Limits, MicroBatcher, create_app  # noqa: E402
+from ner.serve import Limits, MicroBatcher, create_app, free_local_port, wait_until_healthy  # noqa: E402
 
 TEXTS = ["Ada Lovelace visited London on Monday.", "", "Café \U0001F600 北京 a\u200bb\tc",
          "Shares of Acme Corp rose in Paris after Alan Turing spoke."]
@@ -124,28 +124,17 @@ def test_concurrent_requests_share_a_batch_within_the_caps():
 
 # ----------------------------------------------------------------------------- a real uvicorn process
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def start_server(model_dir, *extra: str) -> tuple[subprocess.Popen, str]:
-    port = free_port()
+    port = free_local_port()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     process = subprocess.Popen([sys.executable, "-m", "ner.serve", str(model_dir), "--port", str(port),
                                 "--mixed-precision", "no", *extra], cwd=ROOT, env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            pytest.fail(f"server exited {process.returncode}: {process.stdout.read()}")
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return process, url
-        except httpx.TransportError:
-            time.sleep(0.2)
+    if wait_until_healthy(url, process, timeout_s=120):
+        return process, url
+    if process.poll() is not None:
+        pytest.fail(f"server exited {process.returncode}: {process.stdout.read()}")
     process.kill()
     pytest.fail("server did not come up in 120 s")
 

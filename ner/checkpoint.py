@@ -18,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import random
 import shutil
 from pathlib import Path
@@ -29,6 +28,7 @@ from safetensors.torch import load_file
 
 from ner.backends import Backend
 from ner.errors import UserError
+from ner.files import atomic_write_text, fsync_path, replace_folder
 
 log = logging.getLogger(__name__)
 
@@ -56,14 +56,6 @@ def checkpoint_root(output_dir: Path) -> Path:
     return Path(output_dir) / CHECKPOINTS
 
 
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
@@ -73,12 +65,8 @@ def _sha256(path: Path) -> str:
 
 
 def write_json_atomic(path: Path, payload: object) -> None:
-    """Write to a temporary name, fsync, rename: readers see the old file or the new, never half."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    _fsync(tmp)
-    os.replace(tmp, path)
-    _fsync(path.parent)
+    """Readers see the old file or the new, never half; durable once this returns."""
+    atomic_write_text(path, json.dumps(payload, indent=2, sort_keys=True) + "\n", fsync=True)
 
 
 def rng_state() -> dict:
@@ -115,7 +103,7 @@ def save_checkpoint(backend: Backend, output_dir: Path, step: int, model, tokeni
     final = root / f"step_{step}"
     if backend.is_main_process:
         root.mkdir(parents=True, exist_ok=True)
-        for stale in root.glob(".tmp-step_*"):  # left by a run killed while saving
+        for stale in stale_folders(root):
             shutil.rmtree(stale, ignore_errors=True)
         tmp.mkdir()
     backend.wait_for_everyone()
@@ -139,14 +127,17 @@ def save_checkpoint(backend: Backend, output_dir: Path, step: int, model, tokeni
 def _seal(tmp: Path, final: Path, step: int) -> None:
     files = sorted(p for p in tmp.rglob("*") if p.is_file())
     for path in files:
-        _fsync(path)
-    if final.exists():  # an older incomplete or superseded copy of the same step
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    _fsync(final.parent)
+        fsync_path(path)
+    replace_folder(tmp, final)  # over an older incomplete or superseded copy of the same step, if any
     entries = {str(p.relative_to(tmp)): {"size": (final / p.relative_to(tmp)).stat().st_size,
                                           "sha256": _sha256(final / p.relative_to(tmp))} for p in files}
     write_json_atomic(final / MANIFEST, {"step": step, "files": entries})
+
+
+def stale_folders(root: Path) -> list[Path]:
+    """Left in OUTPUT_DIR/checkpoints/ by a run killed while saving: its staging folders, and a superseded
+    copy moved aside by replace_folder. Names only this tool gives, in a folder only it writes."""
+    return [p for pattern in (".tmp-step_*", ".step_*.old-*") for p in root.glob(pattern) if p.is_dir()]
 
 
 def verify(folder: Path) -> str | None:

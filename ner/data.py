@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from ner.errors import UserError, at
+from ner.files import staged_file
 
 log = logging.getLogger("ner")
 
@@ -167,11 +167,8 @@ def read_conll_documents(path: Path) -> list[list[Example]]:
 def write_lines(path: Path, lines: Iterable[str]) -> Path:
     """UTF-8 lines (each ending in \\n) written to a temporary name, then renamed: whole or not at all."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8", newline="\n") as handle:
+    with staged_file(path) as tmp, open(tmp, "w", encoding="utf-8", newline="\n") as handle:
         handle.writelines(lines)
-    os.replace(tmp, path)
     return path
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +25,7 @@ import numpy as np
 import torch
 
 from ner.data import Example
+from ner.files import staged_file
 
 IGNORE_INDEX = -100
 MODEL_INPUTS = ("input_ids", "attention_mask")  # the batch keys the model takes; the rest are bookkeeping
@@ -263,14 +263,13 @@ def cached_encode(examples: list[Example], tokenizer, label2id: dict[str, int], 
 
 
 def _save_features(path: Path, features: list[Feature]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
     lengths = np.array([len(f.input_ids) for f in features], dtype=np.int64)
-    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.npz")
-    np.savez(tmp, lengths=lengths, example_index=np.array([f.example_index for f in features], dtype=np.int64),
-             input_ids=np.concatenate([f.input_ids for f in features]).astype(np.int64),
-             labels=np.concatenate([f.labels for f in features]).astype(np.int64),
-             word_index=np.concatenate([f.word_index for f in features]).astype(np.int64))
-    os.replace(tmp, path)  # several ranks may write the same entry: last rename wins, all identical
+    # Several ranks may write the same entry, each under its own temporary name: last rename wins, all identical.
+    with staged_file(path) as tmp:
+        np.savez(tmp, lengths=lengths, example_index=np.array([f.example_index for f in features], dtype=np.int64),
+                 input_ids=np.concatenate([f.input_ids for f in features]).astype(np.int64),
+                 labels=np.concatenate([f.labels for f in features]).astype(np.int64),
+                 word_index=np.concatenate([f.word_index for f in features]).astype(np.int64))
 
 
 def _load_features(path: Path) -> list[Feature]:

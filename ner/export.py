@@ -2,13 +2,16 @@
 
     python -m ner.export runs/ner/checkpoints/step_120 exported/
     python -m ner.export runs/ner/final exported_onnx/ --onnx --quantize int8   # + model.onnx, model.int8.onnx
+    python -m ner.export runs/ner/checkpoints/step_240 exported/ --overwrite     # replace an earlier export
     python -c "from transformers import pipeline; print(pipeline('token-classification', \
         model='exported', aggregation_strategy='simple')('Ada Lovelace visited London'))"
 
 The folder holds model.safetensors, config.json (with id2label / label2id), the tokenizer,
 training_args.json, metrics.json and a README.md model card (with --onnx: model.onnx and
 model.int8.onnx for `--runtime onnx|onnx-int8`, ner/export_onnx.py). It is written beside its final
-name and renamed into place, so a crash never leaves half an export.
+name and renamed into place, so a crash never leaves half an export. OUT must be new, empty, or (with
+--overwrite) a model folder this tool exported; a folder of anything else is refused, never replaced.
+OUT may be SRC itself (an export) to add ONNX files in place.
 """
 
 from __future__ import annotations
@@ -22,70 +25,96 @@ from pathlib import Path
 
 from ner.checkpoint import read_state, verify
 from ner.errors import UserError, cli
+from ner.files import staged_folder
 from ner.metrics import best_evaluation, format_table
 from ner.model import PACKAGED_MODELS, packaged_copy_of
 
 
 def export_checkpoint(checkpoint: Path, out_dir: Path, metrics: dict | None = None, onnx: bool = False,
-                      quantize: str | None = None) -> Path:
+                      quantize: str | None = None, overwrite: bool = False) -> Path:
     """Copy the checkpoint's model folder and describe it; `metrics` defaults to its evals."""
     problem = verify(checkpoint)
     if problem is not None:
         raise UserError(f"{checkpoint}: not a complete checkpoint: {problem}")
+    out_dir = Path(out_dir)
+    check_out_dir(out_dir, overwrite)
     state = read_state(checkpoint)
     if metrics is None:
         best = best_evaluation(state.get("eval_history", []))
         metrics = {"validation": best["scores"] if best else None}
-    tmp = staging_dir(Path(out_dir))
-    shutil.copytree(checkpoint / "model", tmp)
     training_args = {**state["config"], "label_list": state["label_list"], "tag_scheme": state["tag_scheme"],
                      "global_step": state["global_step"], "versions": state["versions"],
                      "source_checkpoint": str(checkpoint)}
-    (tmp / "training_args.json").write_text(json.dumps(training_args, indent=2, sort_keys=True) + "\n")
-    (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
-    (tmp / "README.md").write_text(model_card(training_args, metrics), encoding="utf-8")
-    return finish(tmp, Path(out_dir), onnx, quantize)
+    with staged_folder(out_dir) as tmp:
+        shutil.copytree(checkpoint / "model", tmp, dirs_exist_ok=True)
+        (tmp / "training_args.json").write_text(json.dumps(training_args, indent=2, sort_keys=True) + "\n")
+        (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+        (tmp / "README.md").write_text(model_card(training_args, metrics), encoding="utf-8")
+        add_onnx(tmp, onnx, quantize)
+        check_out_dir(out_dir, overwrite)  # again: the ONNX check takes a while
+    return out_dir
 
 
-def export_folder(model_dir: Path, out_dir: Path, onnx: bool = False, quantize: str | None = None) -> Path:
-    """An exported model folder copied to `out_dir` (in place when they are the same), ONNX files added."""
-    tmp = staging_dir(Path(out_dir))
-    shutil.copytree(model_dir, tmp, ignore=shutil.ignore_patterns("*.onnx", ".*.tmp"))
-    return finish(tmp, Path(out_dir), onnx, quantize)
+def export_folder(model_dir: Path, out_dir: Path, onnx: bool = False, quantize: str | None = None,
+                  overwrite: bool = False) -> Path:
+    """An exported model folder copied to `out_dir` (in place when they are the same: allowed without
+    `overwrite`, since naming the folder twice asks for it), ONNX files added."""
+    out_dir = Path(out_dir)
+    overwrite = overwrite or same_folder(model_dir, out_dir)
+    check_out_dir(out_dir, overwrite)
+    with staged_folder(out_dir) as tmp:
+        shutil.copytree(model_dir, tmp, ignore=shutil.ignore_patterns("*.onnx", ".*.tmp*"), dirs_exist_ok=True)
+        add_onnx(tmp, onnx, quantize)
+        check_out_dir(out_dir, overwrite)
+    return out_dir
 
 
-def export_any(source: Path, out_dir: Path, onnx: bool = False, quantize: str | None = None) -> Path:
+def export_any(source: Path, out_dir: Path, onnx: bool = False, quantize: str | None = None,
+               overwrite: bool = False) -> Path:
     """A checkpoint (manifest.json) or an exported folder (config.json + training_args.json) to `out_dir`."""
     if (source / "manifest.json").is_file():
-        return export_checkpoint(source, out_dir, onnx=onnx, quantize=quantize)
-    if (source / "config.json").is_file() and (source / "training_args.json").is_file():
-        return export_folder(source, out_dir, onnx, quantize)
+        return export_checkpoint(source, out_dir, onnx=onnx, quantize=quantize, overwrite=overwrite)
+    if is_export(source):
+        return export_folder(source, out_dir, onnx, quantize, overwrite)
     raise UserError(f"{source}: neither a checkpoint (manifest.json) nor an exported model folder "
                     "(config.json + training_args.json)")
 
 
-def staging_dir(out_dir: Path) -> Path:
-    tmp = out_dir.with_name(f".{out_dir.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    return tmp
+def is_export(folder: Path) -> bool:
+    """A model folder this tool wrote."""
+    return (folder / "config.json").is_file() and (folder / "training_args.json").is_file()
 
 
-def finish(tmp: Path, out_dir: Path, onnx: bool, quantize: str | None) -> Path:
-    """ONNX files (checked) into the staged folder, then the folder renamed into place; a failure keeps nothing."""
-    try:
-        if onnx:
-            from ner.export_onnx import write_onnx  # torch.onnx loads only when asked for
+def same_folder(a: Path, b: Path) -> bool:
+    return Path(a).resolve() == Path(b).resolve()
 
-            measured = write_onnx(tmp, quantize)
-            print("ONNX check against PyTorch: " + ", ".join(f"{k} {v:.3g}" for k, v in measured.items()),
-                  file=sys.stderr)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    tmp.rename(out_dir)
-    return out_dir
+
+def check_out_dir(out_dir: Path, overwrite: bool) -> None:
+    """Only a new or empty folder, or (with `overwrite`) one of our own exports, may be replaced."""
+    if not out_dir.exists():
+        if out_dir.is_symlink():
+            raise UserError(f"{out_dir}: a link to nothing; remove it or choose another OUT")
+        return
+    if not out_dir.is_dir():
+        raise UserError(f"{out_dir}: exists and is not a folder; choose a new or empty folder for OUT")
+    if not any(out_dir.iterdir()):
+        return
+    if not is_export(out_dir):
+        raise UserError(f"{out_dir}: exists and holds files that are not an exported model (no config.json + "
+                        "training_args.json); nothing was changed: choose a new or empty folder for OUT")
+    if not overwrite:
+        raise UserError(f"{out_dir}: already holds an exported model; pass --overwrite to replace it, "
+                        "or choose another OUT")
+
+
+def add_onnx(folder: Path, onnx: bool, quantize: str | None) -> None:
+    """ONNX files (checked against PyTorch) into the staged folder."""
+    if not onnx:
+        return
+    from ner.export_onnx import write_onnx  # torch.onnx loads only when asked for
+
+    measured = write_onnx(folder, quantize)
+    print("ONNX check against PyTorch: " + ", ".join(f"{k} {v:.3g}" for k, v in measured.items()), file=sys.stderr)
 
 
 HYPERPARAMETERS = (
@@ -200,10 +229,12 @@ def main(argv: list[str] | None = None) -> int:
                         "for --runtime onnx")
     parser.add_argument("--quantize", choices=("int8",), help="with --onnx: also model.int8.onnx (dynamic int8, "
                         "checked to agree with PyTorch on >= 99%% of tokens), for --runtime onnx-int8")
+    parser.add_argument("--overwrite", action="store_true", help="replace OUT when it holds a model exported by "
+                        "this tool (anything else in OUT is never replaced)")
     args = parser.parse_args(argv)
     if args.quantize and not args.onnx:
         raise UserError("--quantize int8 quantizes the ONNX model: pass --onnx too")
-    print(export_any(args.source, args.out_dir, args.onnx, args.quantize))
+    print(export_any(args.source, args.out_dir, args.onnx, args.quantize, args.overwrite))
     return 0
 
 

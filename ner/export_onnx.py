@@ -5,8 +5,8 @@
 
 torch's TorchScript exporter (`dynamo=False`): it needs only the `onnx` package, so it works offline
 (the dynamo exporter also needs `onnxscript`). Inputs input_ids and attention_mask, output logits,
-batch and sequence axes dynamic. Files are written under temporary names and renamed only after
-the check: fp32 logits within MAX_LOGIT_DIFF of PyTorch, int8 argmax agreeing on MIN_INT8_AGREEMENT
+batch and sequence axes dynamic. Files are written under temporary names (ner/files.py) and renamed
+only after the check: fp32 logits within MAX_LOGIT_DIFF of PyTorch, int8 argmax agreeing on MIN_INT8_AGREEMENT
 of the tokens of CHECK_SENTENCES.
 """
 
@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from ner.errors import UserError
+from ner.files import staged_file
 from ner.runtime import ONNX_FILES, onnx_session
 
 MAX_LOGIT_DIFF = 1e-3
@@ -54,21 +55,14 @@ def write_onnx(model_dir: Path, quantize: str | None = None) -> dict[str, float]
     inputs = {k: batch[k].astype(np.int64) for k in ("input_ids", "attention_mask")}
     with torch.no_grad():
         reference = model(**{k: torch.from_numpy(v) for k, v in inputs.items()}).logits.numpy()
-    fp32 = model_dir / ONNX_FILES["onnx"]
-    staged = staging_name(fp32)
-    export_graph(model, inputs, staged)
-    measured = {"max_logit_diff": check_fp32(staged, inputs, reference)}
-    if quantize == "int8":
-        int8 = model_dir / ONNX_FILES["onnx-int8"]
-        quantize_int8(staged, staging_name(int8))
-        measured["int8_agreement"] = check_int8(staging_name(int8), inputs, reference)
-        staging_name(int8).rename(int8)
-    staged.rename(fp32)
+    with staged_file(model_dir / ONNX_FILES["onnx"]) as fp32:
+        export_graph(model, inputs, fp32)
+        measured = {"max_logit_diff": check_fp32(fp32, inputs, reference)}
+        if quantize == "int8":
+            with staged_file(model_dir / ONNX_FILES["onnx-int8"]) as int8:
+                quantize_int8(fp32, int8)
+                measured["int8_agreement"] = check_int8(int8, inputs, reference)
     return measured
-
-
-def staging_name(path: Path) -> Path:
-    return path.with_name(f".{path.name}.tmp")
 
 
 def export_graph(model: torch.nn.Module, inputs: dict[str, np.ndarray], path: Path) -> None:
@@ -102,7 +96,6 @@ def check_fp32(path: Path, inputs: dict[str, np.ndarray], reference: np.ndarray)
     mask = inputs["attention_mask"].astype(bool)
     diff = float(np.abs(run_session(path, inputs)[mask] - reference[mask]).max())
     if diff > MAX_LOGIT_DIFF:
-        path.unlink()
         raise UserError(f"ONNX export differs from PyTorch: max |logit difference| {diff:.2e} > {MAX_LOGIT_DIFF:.0e}; "
                         "nothing written")
     return diff
@@ -112,7 +105,6 @@ def check_int8(path: Path, inputs: dict[str, np.ndarray], reference: np.ndarray)
     mask = inputs["attention_mask"].astype(bool)
     agreement = float((run_session(path, inputs).argmax(-1)[mask] == reference.argmax(-1)[mask]).mean())
     if agreement < MIN_INT8_AGREEMENT:
-        path.unlink()
         raise UserError(f"int8 ONNX model agrees with PyTorch on {agreement:.1%} of tokens "
                         f"(< {MIN_INT8_AGREEMENT:.0%}); nothing written; export without --quantize")
     return agreement

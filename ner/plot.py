@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +29,7 @@ from seqeval.metrics.sequence_labeling import get_entities
 
 from ner.data import read_predictions
 from ner.errors import UserError, cli
+from ner.files import staged_file
 from ner.metrics import best_evaluation
 
 log = logging.getLogger("ner")
@@ -109,9 +109,8 @@ def confusion_counts(gold_tags: list[list[str]], pred_tags: list[list[str]]) -> 
 def _save(figure: Figure, path: Path) -> Path:
     """Written beside its name and renamed, so a viewer of a live run never reads half a PNG."""
     figure.tight_layout()
-    tmp = path.with_name(f".{path.stem}.tmp.png")
-    figure.savefig(tmp, dpi=DPI)
-    os.replace(tmp, path)
+    with staged_file(path) as tmp:
+        figure.savefig(tmp, dpi=DPI)
     return path
 
 

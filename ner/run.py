@@ -9,10 +9,12 @@ import json
 import logging
 import os
 import random
+import re
 import shlex
 import shutil
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -34,7 +36,7 @@ from ner.data import (
 from ner.decode import Decoder
 from ner.encode import cached_encode, collate, padded_lengths
 from ner.errors import UserError
-from ner.export import export_checkpoint
+from ner.export import export_checkpoint, is_export
 from ner.hooks import RunHooks
 from ner.infer import EvalSet, build_eval_set, evaluate, predict_tags
 from ner.loop import TrainState, fit, updates_in_epoch
@@ -44,9 +46,13 @@ from ner.plot import write_plots
 
 log = logging.getLogger("ner")
 
-# What a finished or running job leaves; --overwrite-output-dir removes exactly these.
+# What a finished or running job leaves; --overwrite-output-dir removes these and nothing else.
 RUN_MARKERS = ("checkpoints", "final", "metrics.jsonl", "predictions", "loss_lr.png", "validation_f1.png",
                "per_type_f1.png", "confusion.png", "trackers")
+RUN_FILES = {"metrics.jsonl", "loss_lr.png", "validation_f1.png", "per_type_f1.png", "confusion.png"}
+# What a run writes inside its folders (trackers/ is all the trackers' own: no list); temporary names included.
+RUN_FOLDER_ENTRIES = {"checkpoints": re.compile(r"step_\d+|\.tmp-step_\d+|\.step_\d+\.old-\w+"),
+                      "predictions": re.compile(r"validation\.conll|\.validation\.conll\.tmp-\w+\.conll")}
 
 
 def setup_logging(is_main: bool) -> None:
@@ -127,13 +133,37 @@ def claim_output_dir(cfg: TrainConfig, backend: Backend) -> None:
         if not cfg.overwrite_output_dir:
             raise UserError(f"{out}: holds another run ({', '.join(taken)}); pass --resume auto to continue it, "
                             "--overwrite-output-dir to replace it, or choose another --output-dir")
+        refuse_foreign(out, not_written_by_a_run(out, taken))
         if backend.is_main_process:
             for marker in taken:
                 path = out / marker
-                shutil.rmtree(path) if path.is_dir() else path.unlink()
+                shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+    elif "final" in taken:  # resuming: the new final/ replaces the old at the end, so it must be ours
+        refuse_foreign(out, not_written_by_a_run(out, ["final"]))
     backend.wait_for_everyone()
     if backend.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
+
+
+def not_written_by_a_run(out: Path, markers: list[str]) -> list[Path]:
+    """What a run would not have written among `markers` in `out`: a user's file that happens to share a name."""
+    foreign = []
+    for marker in markers:
+        path = out / marker
+        if path.is_symlink() or (path.is_dir() == (marker in RUN_FILES)):
+            foreign.append(path)
+        elif marker == "final":
+            foreign += [] if is_export(path) or not any(path.iterdir()) else [path]
+        elif marker in RUN_FOLDER_ENTRIES:
+            foreign += [p for p in sorted(path.iterdir()) if not RUN_FOLDER_ENTRIES[marker].fullmatch(p.name)]
+    return foreign
+
+
+def refuse_foreign(out: Path, foreign: list[Path]) -> None:
+    if foreign:
+        named = ", ".join(str(p) for p in foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        raise UserError(f"{out}: holds files a training run does not write ({named}); nothing was removed: move "
+                        "them away or choose another --output-dir")
 
 
 def updates_per_epoch(sampler: TokenBudgetBatchSampler, epoch: int, cfg: TrainConfig, world_size: int) -> int:
@@ -239,7 +269,9 @@ def finish(cfg: TrainConfig, backend: Backend, model: torch.nn.Module, data: Pre
         log.info("test: %s", format_scores(scores))
     write_validation_predictions(cfg, backend, model, data, hooks)
     if backend.is_main_process:
-        export_checkpoint(source, cfg.output_path / "final", metrics)
+        # overwrite: final/ is this run's own (claim_output_dir refused anything else there); on resume it
+        # holds the export of the run's earlier end, which the new one replaces
+        export_checkpoint(source, cfg.output_path / "final", metrics, overwrite=True)
         log.info("exported %s", cfg.output_path / "final")
         write_plots(cfg.output_path)
         print(json.dumps({k: (v["f1"] if isinstance(v, dict) else v) for k, v in metrics.items()}))

@@ -123,7 +123,9 @@ class TrainConfig:
         0.0, "smallest validation F1 gain that counts as better for early stopping, as a fraction (0.001 = 0.1 points)")
     logging_steps: int = _opt(10, "log loss and learning rate every N updates")
     output_dir: str = _opt("runs/ner", "where checkpoints, the final export and metrics go")
-    overwrite_output_dir: bool = _opt(False, "allow writing into a folder that holds another run")
+    overwrite_output_dir: bool = _opt(
+        False, "replace the run in --output-dir: removes only what a run writes (checkpoints/, final/, metrics.jsonl, "
+        "predictions/, plots, trackers/), and nothing if a file of yours is among them")
     save_total_limit: int = _opt(2, "newest checkpoints kept (the best one is always kept too); 0: keep all")
     resume: str | None = _opt(None, "`auto` (newest complete checkpoint in --output-dir) or a checkpoint folder")
     quiet: bool = _opt(False, "no progress bars")

@@ -229,8 +229,8 @@ def main(argv: list[str] | None = None) -> int:
                         "for --runtime onnx")
     parser.add_argument("--quantize", choices=("int8",), help="with --onnx: also model.int8.onnx (dynamic int8, "
                         "checked to agree with PyTorch on >= 99%% of tokens), for --runtime onnx-int8")
-    parser.add_argument("--overwrite", action="store_true", help="replace OUT when it holds a model exported by "
-                        "this tool (anything else in OUT is never replaced)")
+    parser.add_argument("--overwrite", action="store_true", help="replace OUT when it is a model folder this tool "
+                        "exported (a folder of anything else is refused, never replaced)")
     args = parser.parse_args(argv)
     if args.quantize and not args.onnx:
         raise UserError("--quantize int8 quantizes the ONNX model: pass --onnx too")

@@ -91,7 +91,7 @@ def atomic_write_text(path: Path, text: str, fsync: bool = False) -> Path:
 def staged_folder(path: Path) -> Iterator[Path]:
     """An empty folder to fill, renamed onto `path` (see replace_folder) when the block ends without error;
     removed whole when it fails. The caller decides beforehand whether what is at `path` may be replaced."""
-    path = Path(path)
+    path = Path(os.path.abspath(path))  # `.` and `..` have no name to stage beside; links stay links
     path.parent.mkdir(parents=True, exist_ok=True)
     # The staged folder sits inside a container created here: mkdtemp-style folders are private (0700),
     # and the export must get the usual permissions.

@@ -1,4 +1,4 @@
-"""The benchmark scripts' pure pieces on tiny inputs: FLOPs and loop arithmetic, the per-update shapes read
+"""The benchmarks' pure pieces on tiny inputs: FLOPs and loop arithmetic, the per-update shapes read
 from metrics.jsonl (one tiny training run), slicing, evaluation timing's batch rule, report rendering."""
 
 from __future__ import annotations
@@ -6,98 +6,75 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from conftest import ROOT, python_module, run_cli, tiny_args
+from conftest import python_module, run_cli, tiny_args
 
-SCRIPT_MODULES = ("bench", "bench_baseline", "bench_flops", "bench_eval_speed", "bench_measure", "bench_report",
-                  "sweep_defaults")
-
-
-@pytest.fixture(scope="module")
-def scripts():
-    """The script modules, imported as `python scripts/bench.py` imports its siblings (scripts/ first on
-    sys.path), then taken off sys.path and sys.modules again."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.syspath_prepend(str(ROOT / "scripts"))
-        modules = {name: importlib.import_module(name) for name in SCRIPT_MODULES}
-    for name in SCRIPT_MODULES:
-        sys.modules.pop(name, None)
-    return SimpleNamespace(**modules)
-
-
-@pytest.fixture(scope="module")
-def flops(scripts):
-    return scripts.bench_flops
-
-
-@pytest.fixture(scope="module")
-def report(scripts):
-    return scripts.bench_report
-
+from benchmarks import baseline, eval_speed, measure, report, training_speed
+from ner.errors import UserError
+from scripts import sweep_defaults
 
 SHAPE = {"matmul_params": 10, "layers": 1, "hidden": 3}
 
 
-def test_matmul_params_counts_attention_ffn_and_head(flops):
+def test_matmul_params_counts_attention_ffn_and_head():
     # MiniLM-L6-H384: 6 x (4 x 384^2 + 2 x 384 x 1536) + 384 x 9
-    assert flops.matmul_params(384, 6, 1536, 9) == 6 * (4 * 147456 + 2 * 589824) + 3456 == 10_620_288
+    assert measure.matmul_params(384, 6, 1536, 9) == 6 * (4 * 147456 + 2 * 589824) + 3456 == 10_620_288
 
 
-def test_train_flops_is_6pt_plus_quadratic_attention(flops):
+def test_train_flops_is_6pt_plus_quadratic_attention():
     # one batch of 2 rows x 4 tokens, P = 10, 1 layer, hidden 3: 2 x (6 x 10 x 4 + 12 x 3 x 16)
-    assert flops.train_flops([4], [2], params=10, layers=1, hidden=3) == 2 * (240 + 576)
-    assert flops.train_flops([4, 2], [2, 1], 10, 1, 3) == 2 * (240 + 576) + (120 + 144)
+    assert measure.train_flops([4], [2], params=10, layers=1, hidden=3) == 2 * (240 + 576)
+    assert measure.train_flops([4, 2], [2, 1], 10, 1, 3) == 2 * (240 + 576) + (120 + 144)
 
 
-def test_computed_flops_use_padded_width_and_real_flops_the_mean_real_length(flops):
+def test_computed_flops_use_padded_width_and_real_flops_the_mean_real_length():
     shapes = [[2, 4, 6], [1, 2, 2]]  # [rows, padded width, real tokens]
-    assert flops.computed_flops(shapes, SHAPE) == flops.train_flops([4, 2], [2, 1], 10, 1, 3)
-    assert flops.real_flops(shapes, SHAPE) == flops.train_flops([3, 2], [2, 1], 10, 1, 3)
+    assert measure.computed_flops(shapes, SHAPE) == measure.train_flops([4, 2], [2, 1], 10, 1, 3)
+    assert measure.real_flops(shapes, SHAPE) == measure.train_flops([3, 2], [2, 1], 10, 1, 3)
 
 
-def test_padding_efficiency_and_mfu(flops):
-    assert flops.padding_efficiency(30, 40) == 0.75
-    assert flops.padding_efficiency(0, 0) == 0.0
-    assert flops.mfu(flops=1e12, seconds=2.0, peak_flops_per_s=1e12) == 0.5
-    assert flops.mfu(1e12, 0.0, 1e12) == 0.0
+def test_padding_efficiency_and_mfu():
+    assert measure.padding_efficiency(30, 40) == 0.75
+    assert measure.padding_efficiency(0, 0) == 0.0
+    assert measure.mfu(flops=1e12, seconds=2.0, peak_flops_per_s=1e12) == 0.5
+    assert measure.mfu(1e12, 0.0, 1e12) == 0.0
 
 
-def test_loop_window_skips_the_first_update(flops):
-    assert flops.loop_window([10.0, 11.0, 13.5]) == (1, 2, 3.5)
-    assert flops.loop_window([10.0]) == (0, 0, 0.0)
+def test_loop_window_skips_the_first_update():
+    assert measure.loop_window([10.0, 11.0, 13.5]) == (1, 2, 3.5)
+    assert measure.loop_window([10.0]) == (0, 0, 0.0)
 
 
-def test_updates_from_records_skips_evaluations_and_keeps_every_ranks_batches(flops):
+def test_updates_from_records_skips_evaluations_and_keeps_every_ranks_batches():
     records = [{"time": 5.0, "step": 1, "loss": 0.9, "batch_shapes": [[2, 4, 6], [2, 8, 9]]},
                {"time": 6.0, "step": 2, "loss": 0.8, "batch_shapes": [[1, 4, 3], [3, 4, 10]]},
                {"time": 6.5, "step": 2, "eval": {"f1": 0.5}},
                {"time": 7.0, "step": 3, "loss": 0.7, "batch_shapes": [[1, 4, 4]]}]
-    step_times, steps = flops.updates_from_records(records)
+    step_times, steps = measure.updates_from_records(records)
     assert step_times == [5.0, 6.0, 7.0]
     assert steps == [[[2, 4, 6], [2, 8, 9]], [[1, 4, 3], [3, 4, 10]], [[1, 4, 4]]]
 
 
-def test_updates_from_records_refuses_records_that_cover_several_updates(flops):
+def test_updates_from_records_refuses_records_that_cover_several_updates():
     records = [{"time": 5.0, "step": 2, "loss": 0.9, "batch_shapes": [[2, 4, 6]]},
                {"time": 6.0, "step": 4, "loss": 0.8, "batch_shapes": [[1, 4, 3]]}]
     with pytest.raises(ValueError, match="--logging-steps 1"):
-        flops.updates_from_records(records)
+        measure.updates_from_records(records)
 
 
-def test_summarise_loop_counts_only_timed_updates_for_rates(flops):
+def test_summarise_loop_counts_only_timed_updates_for_rates():
     steps = [[[2, 4, 6]], [[1, 3, 3]], [[2, 5, 6], [1, 2, 2]]]  # update 3: two micro-batches
-    loop = flops.summarise_loop(steps, [0.0, 1.0, 3.0], SHAPE, peak=1e3)
+    loop = measure.summarise_loop(steps, [0.0, 1.0, 3.0], SHAPE, peak=1e3)
     assert loop["steps"] == 3 and loop["timed_steps"] == 2 and loop["loop_s"] == 3.0
     assert loop["real_tokens_epoch"] == 17 and loop["computed_tokens_epoch"] == 23
     assert loop["padding_efficiency"] == pytest.approx(17 / 23)
     assert loop["loop_real_tokens_per_s"] == pytest.approx((3 + 6 + 2) / 3.0)
     assert loop["loop_computed_tokens_per_s"] == pytest.approx((3 + 10 + 2) / 3.0)
-    computed = flops.train_flops([3, 5, 2], [1, 2, 1], 10, 1, 3)
-    real = flops.train_flops([3, 3, 2], [1, 2, 1], 10, 1, 3)
+    computed = measure.train_flops([3, 5, 2], [1, 2, 1], 10, 1, 3)
+    real = measure.train_flops([3, 3, 2], [1, 2, 1], 10, 1, 3)
     assert loop["mfu_computed"] == pytest.approx(computed / 3.0 / 1e3)
     assert loop["mfu_real"] == pytest.approx(real / 3.0 / 1e3)
 
@@ -113,14 +90,14 @@ def tiny_run(tiny_bert, tiny_data, tmp_path_factory) -> Path:
     return out
 
 
-def test_steps_from_a_training_runs_metrics_cover_every_window_of_every_epoch(flops, tiny_run, tiny_bert, tiny_data):
+def test_steps_from_a_training_runs_metrics_cover_every_window_of_every_epoch(tiny_run, tiny_bert, tiny_data):
     from ner.data import build_label_list, read_conll
     from ner.encode import encode_examples
     from ner.model import load_tokenizer
 
     out = tiny_run
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    step_times, steps = flops.updates_from_records(records)
+    step_times, steps = measure.updates_from_records(records)
     args = json.loads((out / "final" / "training_args.json").read_text())
     assert len(steps) == len(step_times) == json.loads((out / "final" / "metrics.json").read_text())["global_step"]
     examples = read_conll(tiny_data["train"])
@@ -134,7 +111,7 @@ def test_steps_from_a_training_runs_metrics_cover_every_window_of_every_epoch(fl
     assert max(len(step) for step in steps) == 2
 
 
-def test_baseline_records_update_shapes_as_metrics_jsonl_does(scripts):
+def test_baseline_records_update_shapes_as_metrics_jsonl_does():
     import torch
 
     class Model(torch.nn.Module):
@@ -149,12 +126,12 @@ def test_baseline_records_update_shapes_as_metrics_jsonl_does(scripts):
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
     loader = [{"attention_mask": torch.tensor([[1, 1, 1], [1, 1, 0]])}, {"attention_mask": torch.tensor([[1, 0]])}]
-    step_times, steps = scripts.bench_baseline.baseline_train(model, loader, optimizer, scheduler,
+    step_times, steps = baseline.baseline_train(model, loader, optimizer, scheduler,
                                                               torch.device("cpu"))
     assert steps == [[[2, 3, 5]], [[1, 2, 1]]] and len(step_times) == 2
 
 
-def test_slices_are_the_first_sentences_read_by_the_project_reader(scripts, tmp_path):
+def test_slices_are_the_first_sentences_read_by_the_project_reader(tmp_path):
     from ner.data import read_conll
 
     conll_dir = tmp_path / "conll"
@@ -164,23 +141,23 @@ def test_slices_are_the_first_sentences_read_by_the_project_reader(scripts, tmp_
     for split in ("train", "valid"):
         (conll_dir / f"{split}.txt").write_text(text, encoding="utf-8")
     args = argparse.Namespace(conll_dir=conll_dir, sentences=2, valid_sentences=1)
-    train, valid = scripts.bench.prepare_slices(args, tmp_path / "work")
+    train, valid = training_speed.prepare_slices(args, tmp_path / "work")
     assert [(e.words, e.tags) for e in read_conll(train)] == [(["EU", "rejects"], ["B-ORG", "O"]),
                                                               (["Peter"], ["B-PER"])]
     assert [e.words for e in read_conll(valid)] == [["EU", "rejects"]]
-    swept = scripts.sweep_defaults.slice_conll(conll_dir / "train.txt", tmp_path / "sweep.conll", 2)
+    swept = sweep_defaults.slice_conll(conll_dir / "train.txt", tmp_path / "sweep.conll", 2)
     assert swept.read_text(encoding="utf-8") == train.read_text(encoding="utf-8")
 
 
-def test_the_bench_scores_an_export_as_its_training_run_did(scripts, tiny_run, tiny_data):
+def test_the_bench_scores_an_export_as_its_training_run_did(tiny_run, tiny_data):
     from ner.data import read_conll
 
     trained = json.loads((tiny_run / "final" / "metrics.json").read_text())["validation"]["f1"]
-    scored = scripts.bench_eval_speed.score_export(tiny_run / "final", read_conll(tiny_data["validation"]))
+    scored = eval_speed.score_export(tiny_run / "final", read_conll(tiny_data["validation"]))
     assert trained > 0.2 and scored["f1"] == pytest.approx(trained, abs=1e-9) and scored["eval_added_s"] > 0
 
 
-def test_timed_evaluate_uses_the_runs_evaluation_batch_rule(scripts):
+def test_timed_evaluate_uses_the_runs_evaluation_batch_rule():
     from ner.data import Example
 
     calls = []
@@ -191,18 +168,18 @@ def test_timed_evaluate_uses_the_runs_evaluation_batch_rule(scripts):
             return [e.tags for e in examples], None
 
     examples = [Example(["EU", "rejects"], ["B-ORG", "O"], "x"), Example(["Peter"], ["B-PER"], "x")]
-    result = scripts.bench_eval_speed.timed_evaluate(Tagger(), {"batch_size": 5, "max_tokens": 300}, examples)
+    result = eval_speed.timed_evaluate(Tagger(), {"batch_size": 5, "max_tokens": 300}, examples)
     assert calls == [(10, 600)]  # twice the run's training limits (not the defaults), as its evaluation used
     assert result["f1"] == 1.0 and result["sentences_per_s"] > 0
 
 
-def test_markdown_table_aligns_numbers_and_marks_missing(report):
+def test_markdown_table_aligns_numbers_and_marks_missing():
     table = report.markdown_table(["run", "tok/s", "F1", "eff."], [["a", 1234.5, None, "45.5%"], ["b", 2.0, "x", "-"]])
     assert table.splitlines() == ["| run | tok/s | F1 | eff. |", "|---|---:|---|---:|",
                                   "| a | 1,234.50 | - | 45.5% |", "| b | 2.00 | x | - |"]
 
 
-def test_ratios_and_targets(report):
+def test_ratios_and_targets():
     base = {"wall_s": 300.0, "cpu_s": 580.0, "loop_s": 240.0, "loop_real_tokens_per_s": 400.0,
             "process_real_tokens_per_s": 300.0, "peak_rss_bytes": 2e9, "f1": 0.80}
     ours = {"wall_s": 90.0, "eval_added_s": 10.0, "cpu_s": 190.0, "loop_s": 60.0, "loop_real_tokens_per_s": 1600.0,
@@ -219,7 +196,7 @@ def test_ratios_and_targets(report):
     assert rows[3][1] == "-1.00 points"
 
 
-def test_render_report_has_every_section(report):
+def test_render_report_has_every_section():
     run = {"wall_s": 10.0, "cpu_s": 19.0, "loop_s": 8.0, "loop_real_tokens_per_s": 100.0, "padding_efficiency": 0.5,
            "steps": 3, "peak_rss_bytes": 1.5e9, "f1": 0.5, "mfu_computed": 0.1, "mfu_real": 0.05, "precision": "bf16"}
     bench = {"device": "cpu", "torch": "x", "threads": 2, "peak": {"fp32_flops_per_s": 2e11, "bf16_flops_per_s": 1e12},
@@ -237,7 +214,7 @@ def test_render_report_has_every_section(report):
     assert "Warning" not in text
 
 
-def test_save_report_keeps_earlier_sections(report, tmp_path):
+def test_save_report_keeps_earlier_sections(tmp_path):
     report.save_report({"device": "cpu", "peak": {"fp32_flops_per_s": 1e11, "bf16_flops_per_s": 2e11}}, tmp_path)
     merged = report.load_report(tmp_path / "bench.json")
     merged["inference"] = {"one sentence at a time (HF model, fp32)": {"seconds": 1.0, "sentences_per_s": 9.0}}
@@ -246,11 +223,54 @@ def test_save_report_keeps_earlier_sections(report, tmp_path):
     assert "## Matmul peak" in text and "## Inference" in text
 
 
-def test_contention_share_and_warning(scripts, report, monkeypatch):
-    monkeypatch.setattr(scripts.bench_measure.os, "cpu_count", lambda: 2)
+def test_contention_share_and_warning(monkeypatch):
+    monkeypatch.setattr(measure.os, "cpu_count", lambda: 2)
     busy = {"wall_s": 10.0, "other_cpu_s": 5.0}
-    assert scripts.bench_measure.contention(busy) == 0.25
-    assert scripts.bench_measure.contention({}) == 0.0
+    assert measure.contention(busy) == 0.25
+    assert measure.contention({}) == 0.0
     bench = {"main": {"train_sentences": 1, "valid_sentences": 1, "runs": {"baseline": busy, "ours (default)": busy},
                       "ratios": {}, "settings": []}}
     assert "**Warning:**" in report.render_report(bench)
+
+
+def test_the_bench_refuses_an_out_folder_of_the_users_and_leaves_it_alone(tmp_path, capsys):
+    users = tmp_path / "results"
+    (users / "runs" / "ours").mkdir(parents=True)
+    (users / "runs" / "ours" / "notes.txt").write_text("mine")
+    assert training_speed.main(["--out", str(users), "--no-main"]) == 2
+    assert "--out holds files this benchmark did not write" in capsys.readouterr().err
+    assert (users / "runs" / "ours" / "notes.txt").read_text() == "mine"
+    assert sorted(p.name for p in users.iterdir()) == ["runs"]  # nothing added either
+
+
+def test_the_bench_replaces_only_folders_it_made(tmp_path):
+    out = training_speed.claim_out(tmp_path / "bench_out")
+    made = training_speed.fresh_dir(out / "runs" / "ours")
+    (made / "metrics.jsonl").write_text("old run")
+    assert sorted(p.name for p in training_speed.fresh_dir(made).iterdir()) == [training_speed.MARKER]
+    users = out / "runs" / "ablation_0"  # put there by hand: no marker
+    users.mkdir()
+    (users / "notes.txt").write_text("mine")
+    with pytest.raises(UserError, match="ablation_0: was not made by this benchmark"):
+        training_speed.fresh_dir(users)
+    assert (users / "notes.txt").read_text() == "mine"
+    assert training_speed.claim_out(out) == out  # an earlier run's OUT is taken again
+
+
+ENTRY_POINTS = ("training_speed", "baseline", "eval_speed", "inference", "shapes", "seeds")
+
+
+@pytest.mark.parametrize("name", ENTRY_POINTS)
+def test_each_benchmark_runs_as_a_module_from_the_checkout(name):
+    result = run_cli(python_module(f"benchmarks.{name}", "--help"))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.startswith("usage:")
+
+
+def test_the_package_lists_every_entry_point_and_libraries_have_none():
+    import benchmarks
+
+    modules = sorted(p.stem for p in Path(benchmarks.__file__).parent.glob("*.py") if p.stem != "__init__")
+    entry_points = [m for m in modules if hasattr(importlib.import_module(f"benchmarks.{m}"), "main")]
+    assert sorted(entry_points) == sorted(ENTRY_POINTS) and set(modules) - set(entry_points) == {"measure", "report"}
+    assert all(f"python -m benchmarks.{m} " in benchmarks.__doc__ for m in ENTRY_POINTS)

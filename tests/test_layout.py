@@ -1,4 +1,4 @@
-"""The backend seam holds: only ner/backends/ imports the distributed machinery."""
+"""The backend seam holds: only ner/backends/ imports the distributed machinery; nothing edits sys.path."""
 
 from __future__ import annotations
 
@@ -88,3 +88,31 @@ def test_the_device_check_catches_literals_and_spares_dictionary_keys():
 def test_no_module_named_after_a_dependency():
     names = {p.stem for p in (ROOT / "ner").rglob("*.py")}
     assert not names & {"datasets", "accelerate", "transformers", "torch", "seqeval"}
+
+
+def sys_path_edits(source: str) -> list[str]:
+    """Lines that touch `sys.path` or prepend to it through pytest: imports must resolve as installed/packaged."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if (isinstance(node, ast.Attribute) and node.attr == "path" and isinstance(node.value, ast.Name)
+                and node.value.id == "sys"):
+            found.append((node.lineno, "sys.path"))
+        elif isinstance(node, ast.Attribute) and node.attr == "syspath_prepend":
+            found.append((node.lineno, "syspath_prepend"))
+    return [f"line {line}: {what}" for line, what in sorted(found)]
+
+
+def test_nothing_edits_sys_path():
+    offenders = {}
+    for folder in ("ner", "benchmarks", "scripts", "tests"):
+        for path in (ROOT / folder).rglob("*.py"):
+            found = sys_path_edits(path.read_text(encoding="utf-8"))
+            if found:
+                offenders[str(path.relative_to(ROOT))] = found
+    assert offenders == {}
+
+
+def test_the_sys_path_check_catches_both_forms():
+    bad = "import sys\nsys.path.insert(0, 'scripts')\nmonkeypatch.syspath_prepend('x')\n"
+    assert sys_path_edits(bad) == ["line 2: sys.path", "line 3: syspath_prepend"]
+    assert sys_path_edits("import os\nos.path.join('a')\n") == []

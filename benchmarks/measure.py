@@ -1,27 +1,117 @@
-"""FLOPs, MFU and the timed-loop summary of one training run, and the matmul peak MFU is measured against.
+"""What a benchmarked run costs: process time and memory, FLOPs and MFU of its training loop (a library).
 
-    from bench_flops import summarise_loop, updates_from_records
+    from benchmarks.measure import run_measured, summarise_loop, updates_from_records
+    run_measured([sys.executable, "-m", "ner.train", ...], Path("logs/ours.log"), cwd=ROOT)
     step_times, steps = updates_from_records(records)   # metrics.jsonl, --logging-steps 1
     loop = summarise_loop(steps, step_times, model_shape(model_dir, num_labels), peak_flops_per_s)
 
-An update is the list of its micro-batches (every rank's), each `[rows, padded width, real tokens]`:
-what the project's metrics.jsonl logs as `batch_shapes`, and what the baseline records the same way.
-Model FLOPs of a row of width S: 6 x P x S + 12 x layers x hidden x S^2 (P: parameters in matmuls;
-embeddings excluded, they are lookups). "Computed" FLOPs use each batch's rows and padded width;
-"real" FLOPs use its real tokens, the attention term at the batch's mean real length per row (per-row
-lengths are not logged; attention is a few percent of the total at CoNLL widths, so this moves MFU (real)
-by about a percent at most).
+Processes: peak RSS is the kernel's high-water mark of the largest process (wait4); the tree peak polls
+the sum over the process and its descendants (multi-process runs). `other_cpu_s` is the machine's busy
+CPU time during the run minus the run's own: above a few percent of the machine, timings of 2-thread
+PyTorch runs are not comparable.
+
+FLOPs: an update is the list of its micro-batches (every rank's), each `[rows, padded width, real
+tokens]`: what the project's metrics.jsonl logs as `batch_shapes`, and what the baseline records the
+same way. Model FLOPs of a row of width S: 6 x P x S + 12 x layers x hidden x S^2 (P: parameters in
+matmuls; embeddings excluded, they are lookups). "Computed" FLOPs use each batch's rows and padded
+width; "real" FLOPs use its real tokens, the attention term at the batch's mean real length per row
+(per-row lengths are not logged; attention is a few percent of the total at CoNLL widths, so this moves
+MFU (real) by about a percent at most). MFU is measured against the matmul peak (measure_peak_flops).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import threading
 import time
 from pathlib import Path
 
-from bench_measure import synchronize
-
 Shape = list[int]  # [rows, padded width, real tokens] of one micro-batch
+
+
+def tree_rss(root) -> int:
+    """Summed RSS of a psutil.Process and its descendants; processes that exit meanwhile count 0."""
+    import psutil
+
+    total = 0
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            total += proc.memory_info().rss
+        except psutil.Error:
+            pass
+    return total
+
+
+class PeakTreeRss:
+    """Polls the summed RSS of a process and its descendants (for multi-process runs)."""
+
+    def __init__(self, pid: int, interval_s: float = 0.2) -> None:
+        self.pid, self.interval_s, self.peak = pid, interval_s, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self._thread.start()
+
+    def _poll(self) -> None:
+        import psutil
+
+        try:
+            root = psutil.Process(self.pid)
+            while not self._stop.is_set():
+                self.peak = max(self.peak, tree_rss(root))
+                self._stop.wait(self.interval_s)
+        except psutil.Error:  # the root process has exited
+            return
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        return self.peak
+
+
+def run_measured(argv: list[str], log_path: Path, cwd: Path, env: dict | None = None) -> dict:
+    """Run a command offline; wall seconds, exit code, CPU seconds, peak RSS of its largest process, tree peak."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    full_env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **(env or {})}
+    busy_before = busy_cpu_seconds()
+    with open(log_path, "w", encoding="utf-8") as log:
+        start_time, start = time.time(), time.perf_counter()
+        proc = subprocess.Popen(argv, cwd=cwd, env=full_env, stdout=log, stderr=subprocess.STDOUT)
+        poller = PeakTreeRss(proc.pid)
+        _, status, usage = os.wait4(proc.pid, 0)  # wait4: the child's own rusage (peak RSS, CPU time)
+        wall = time.perf_counter() - start
+        proc.returncode = os.waitstatus_to_exitcode(status)
+    tree_peak = poller.stop()
+    cpu_s = usage.ru_utime + usage.ru_stime
+    result = {"wall_s": wall, "returncode": proc.returncode, "start_time": start_time, "cpu_s": cpu_s,
+              "other_cpu_s": max(busy_cpu_seconds() - busy_before - cpu_s, 0.0),
+              "peak_rss_bytes": usage.ru_maxrss * 1024, "peak_tree_rss_bytes": max(tree_peak, usage.ru_maxrss * 1024)}
+    if proc.returncode != 0:
+        tail = log_path.read_text(encoding="utf-8", errors="replace")[-3000:]
+        raise RuntimeError(f"{' '.join(argv)} failed ({proc.returncode}); end of {log_path}:\n{tail}")
+    return result
+
+
+def busy_cpu_seconds() -> float:
+    """CPU seconds this machine has spent busy (all processes): to see what else ran during a run."""
+    import psutil
+
+    times = psutil.cpu_times()
+    return times.user + times.nice + times.system + getattr(times, "irq", 0.0) + getattr(times, "softirq", 0.0)
+
+
+def contention(run: dict) -> float:
+    """Share of the machine's CPU time (cores x wall) taken by *other* processes during a run."""
+    return run.get("other_cpu_s", 0.0) / ((os.cpu_count() or 1) * run["wall_s"]) if run.get("wall_s") else 0.0
+
+
+def synchronize(device) -> None:
+    """Wait for queued accelerator work, so a clock read after it times the work itself."""
+    import torch
+
+    if device.type != "cpu":
+        torch.accelerator.synchronize()
 
 
 def matmul_params(hidden: int, layers: int, intermediate: int, num_labels: int) -> int:

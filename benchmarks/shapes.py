@@ -1,6 +1,6 @@
 """Cost of new batch shapes on CPU: train updates over random widths, twice, exact vs rounded widths.
 
-    python scripts/bench_shapes.py --multiples 1,4,8
+    python -m benchmarks.shapes --multiples 1,4,8
 
 CPU kernels (oneDNN) are created and cached per tensor shape, so the first update at a new width
 pays a warm-up and keeps memory. Each multiple runs in its own subprocess (peak RSS is per process):
@@ -20,6 +20,9 @@ import resource
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]  # where `python -m benchmarks.shapes` finds the package
 
 
 def one_update(model, optimizer, width: int, rows: int, autocast) -> float:
@@ -77,9 +80,10 @@ def main(argv: list[str] | None = None) -> int:
     print("| widths padded to a multiple of | padding eff. | first pass tok/s | second pass tok/s | peak RSS GB |")
     print("|---:|---:|---:|---:|---:|")
     for multiple in (int(m) for m in args.multiples.split(",")):
-        command = [sys.executable, __file__, "--one", str(multiple), "--updates", str(args.updates),
+        command = [sys.executable, "-m", "benchmarks.shapes", "--one", str(multiple), "--updates", str(args.updates),
                    "--rows", str(args.rows), "--seed", str(args.seed)]
-        r = json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout.splitlines()[-1])
+        done = subprocess.run(command, cwd=ROOT, check=True, capture_output=True, text=True)
+        r = json.loads(done.stdout.splitlines()[-1])
         print(f"| {multiple} | {r['padding_efficiency']:.1%} | {r['first pass']['real_tokens_per_s']:,.0f} | "
               f"{r['second pass']['real_tokens_per_s']:,.0f} | {r['peak_rss_gb']:.2f} |", flush=True)
     return 0

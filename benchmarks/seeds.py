@@ -1,8 +1,8 @@
 """One training config over several seeds: mean ± std of validation and test F1, overall and per type.
 
-    python scripts/seeds.py --seeds 1 2 3 --out seeds_out/conll-default -- --config scripts/conll2003.yaml
-    python scripts/seeds.py --seeds 1 --out OUT ... ; python scripts/seeds.py --seeds 1 2 --reuse --out OUT ...
-    python scripts/seeds.py --seeds 1 2 3 --out seeds_out/conll-sentence --rescore argmax \\
+    python -m benchmarks.seeds --seeds 1 2 3 --out seeds_out/conll-default -- --config scripts/conll2003.yaml
+    python -m benchmarks.seeds --seeds 1 --out OUT ... ; python -m benchmarks.seeds --seeds 1 2 --reuse --out OUT ...
+    python -m benchmarks.seeds --seeds 1 2 3 --out seeds_out/conll-sentence --rescore argmax \\
         -- --config scripts/conll2003.yaml --context none
 
 Everything after `--` goes to `python -m ner.train` (each seed adds `--seed S --output-dir OUT/seed_S`).
@@ -22,7 +22,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench_measure import contention, run_measured
+from benchmarks.measure import contention, run_measured
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     summaries = {trained_with: summarise(runs)}
     if args.rescore:
         summaries[args.rescore] = summarise(runs, "rescored")
-    report = {"command": "python scripts/seeds.py " + " ".join(argv), "runs": runs, "summaries": summaries,
+    report = {"command": "python -m benchmarks.seeds " + " ".join(argv), "runs": runs, "summaries": summaries,
               "types": sorted(runs[0]["scores"]["test"]["per_type"]) if runs[0]["scores"].get("test") else [],
               "costs": {k: mean_std([r[k] for r in runs if r[k] is not None]) for k in ("wall_s", "epoch_s",
                                                                                         "peak_rss_gb")}}

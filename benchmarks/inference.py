@@ -1,10 +1,10 @@
 """Raw-text tagging speed, memory and F1 per runtime: transformers' pipeline, torch, onnx, onnx-int8.
 
     python -m ner.export runs/final runs/final_onnx --onnx --quantize int8
-    python scripts/bench_inference.py runs/final_onnx ../shared/data/conll2003/train.txt   # speed
-    python scripts/bench_inference.py runs/final_onnx ../shared/data/conll2003/valid.txt   # F1
+    python -m benchmarks.inference runs/final_onnx ../shared/data/conll2003/train.txt   # speed
+    python -m benchmarks.inference runs/final_onnx ../shared/data/conll2003/valid.txt   # F1
 
-Every CoNLL sentence is detokenised into one text (scripts/raw_text_f1.py); each runtime tags all of
+Every CoNLL sentence is detokenised into one text (scripts/raw_text_f1.py's detokenize); each runtime tags all of
 them in its own process (run_measured: peak RSS), after a warm-up on the first 32 texts. Rows:
 `transformers.pipeline("token-classification", aggregation_strategy="simple", batch_size=32)` on the
 same folder, and Tagger.predict (ner's one inference path: windows, context, Viterbi) with
@@ -23,10 +23,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_measure import run_measured
-from raw_text_f1 import detokenize, prf
-
+from benchmarks.measure import run_measured
 from ner.data import read_conll
+from scripts.raw_text_f1 import detokenize, prf
 
 ROWS = ("pipeline", "torch", "onnx", "onnx-int8")
 ROOT = Path(__file__).resolve().parents[1]
@@ -86,8 +85,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as folder:
         for row in args.rows:
             out = Path(folder) / f"{row}.json"
-            command = [sys.executable, __file__, str(args.model_dir), str(args.conll), "--child", row,
-                       "--result", str(out)] + (["--limit", str(args.limit)] if args.limit else [])
+            command = [sys.executable, "-m", "benchmarks.inference", str(args.model_dir.resolve()),
+                       str(args.conll.resolve()), "--child", row, "--result", str(out)]
+            command += ["--limit", str(args.limit)] if args.limit else []
             measured = run_measured(command, Path(folder) / f"{row}.log", cwd=ROOT)
             r = json.loads(out.read_text())
             process_rate = r["sentences"] / measured["wall_s"]  # imports, loading, warm-up and tagging

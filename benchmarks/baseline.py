@@ -1,8 +1,8 @@
 """The benchmark's baseline: one epoch the way transformers' run_ner_no_trainer.py trains, in its own process.
 
-    python scripts/bench_baseline.py --train-file train.conll --validation-file valid.conll --result out/result.json
+    python -m benchmarks.baseline --train-file train.conll --validation-file valid.conll --result out/result.json
 
-scripts/bench.py runs this as a subprocess (so its wall time, CPU time and peak RSS are the
+benchmarks.training_speed runs this as a subprocess (so its wall time, CPU time and peak RSS are the
 baseline's alone). Random shuffle, DataCollatorForTokenClassification padding per batch of 32
 sentences, fp32, torch.optim.AdamW lr 5e-5 (no-decay groups, weight decay 0.0), linear schedule
 without warmup, first subword labelled, truncation at 128 subwords; seqeval on the validation
@@ -18,8 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench_measure import synchronize
-
+from benchmarks.measure import synchronize
 from ner.data import Example, read_conll
 from ner.encode import IGNORE_INDEX
 

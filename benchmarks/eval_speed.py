@@ -1,6 +1,9 @@
 """Inference timing for the benchmark: sentences/s and F1 of the project's inference path on a trained run.
 
-    from bench_eval_speed import measure_inference
+    python -m benchmarks.eval_speed bench_out/runs/ours/final ../shared/data/conll2003/valid.txt --sentences 1000
+    python -m benchmarks.training_speed --out bench_out/ --no-main --inference   # the same rows, into bench.md
+
+    from benchmarks.eval_speed import measure_inference
     results = measure_inference(Path("bench_out/runs/ours/final"), read_conll(Path("valid.conll")))
 
 Rows: a hand loop of one sentence at a time through the Hugging Face model in fp32 (the reference);
@@ -13,13 +16,14 @@ seqeval's, outside the timing.
 
 from __future__ import annotations
 
+import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
-from bench_report import REFERENCE_INFERENCE
-
-from ner.data import Example
+from benchmarks.report import REFERENCE_INFERENCE, inference_table
+from ner.data import Example, read_conll
 
 
 def timed_tags(tag_all, examples: list[Example], scheme: str = "iob2") -> dict:
@@ -112,3 +116,17 @@ def score_export(model_dir: Path, examples: list[Example]) -> dict:
     start = time.perf_counter()
     result = timed_evaluate(*evaluation_tagger(model_dir), examples)
     return {"f1": result["f1"], "eval_added_s": time.perf_counter() - start}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model_dir", type=Path, help="an exported model folder with its training_args.json")
+    parser.add_argument("conll", type=Path, help="CoNLL file with gold tags (validation)")
+    parser.add_argument("--sentences", type=int, default=None, help="the first N sentences only (default: all)")
+    args = parser.parse_args(argv)
+    print(inference_table(measure_inference(args.model_dir, read_conll(args.conll)[:args.sentences])))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

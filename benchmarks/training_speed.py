@@ -1,16 +1,16 @@
 """Throughput benchmark: the canonical `run_ner_no_trainer.py` loop vs this project's default path.
 
-    python scripts/bench.py --sentences 3000 --out bench_out/                 # baseline vs default (~3 min, idle)
-    python scripts/bench.py --sentences 3000 --out bench_out/ --inference     # + sentences/s of evaluate / predict
-    python scripts/bench.py --sentences 3000 --out bench_out/ --ablations     # + one technique changed at a time
-    python scripts/bench.py --sentences 3000 --out bench_out/ --scaling       # + 1 proc x 2 threads vs 2 gloo x 1
-    python scripts/bench.py --out bench_out/ --no-main --full-memory          # peak RSS, one full-train-set epoch
-    python scripts/bench.py --sentences 3000 --out bench_out/ --threads 1     # steadier when the CPUs are shared
-    python scripts/bench.py --sentences 200 --valid-sentences 100 --out /tmp/bench_smoke   # smoke test
+    python -m benchmarks.training_speed --sentences 3000 --out bench_out/              # baseline vs ours, ~3 min
+    python -m benchmarks.training_speed --sentences 3000 --out bench_out/ --inference  # + evaluate / predict speed
+    python -m benchmarks.training_speed --sentences 3000 --out bench_out/ --ablations  # + one technique changed
+    python -m benchmarks.training_speed --sentences 3000 --out bench_out/ --scaling    # + 1 x 2 threads vs 2 gloo x 1
+    python -m benchmarks.training_speed --out bench_out/ --no-main --full-memory       # peak RSS, full train set
+    python -m benchmarks.training_speed --sentences 3000 --out bench_out/ --threads 1  # steadier on shared CPUs
+    python -m benchmarks.training_speed --sentences 200 --valid-sentences 100 --out /tmp/bench_smoke  # smoke test
 
 One process run trains one epoch over the first `--sentences` sentences of CoNLL-2003 train with the
 packaged MiniLM, twice, each in its own subprocess (same threads, slice and seed):
-(a) baseline, scripts/bench_baseline.py, written the way transformers' run_ner_no_trainer.py does it:
+(a) baseline, benchmarks/baseline.py, written the way transformers' run_ner_no_trainer.py does it:
     random shuffle, DataCollatorForTokenClassification padding per batch of 32 sentences, fp32,
     torch.optim.AdamW lr 5e-5 (no-decay groups, weight decay 0.0), linear schedule without warmup;
 (b) `python -m ner.train ... --num-epochs 1` with the project's defaults (read back from
@@ -22,14 +22,16 @@ Times: "process s" is the whole subprocess (startup, tokenisation, training, eva
 a user pays; "loop s" is the training loop from the end of update 1 to the end of the last update
 (update 1 holds one-off warm-up costs), measured identically in both runs from per-update timestamps.
 Peak RSS is the kernel's high-water mark of the largest process (wait4); "all procs" polls their sum
-(scripts/bench_measure.py). Model FLOPs per sentence of width S: 6 x P x S + 12 x layers x hidden x S^2
+(benchmarks/measure.py). Model FLOPs per sentence of width S: 6 x P x S + 12 x layers x hidden x S^2
 (P: parameters in matmuls; embeddings excluded, they are lookups); MFU is on *computed* (padded) tokens
 against the matmul peak of the run's dtype (on CPU: one core's rate in thread CPU time x threads, so
-shared CPUs do not lower it; scripts/bench_flops.py). "other load" is the share of the machine's CPU
+shared CPUs do not lower it; benchmarks/measure.py). "other load" is the share of the machine's CPU
 time other processes took during a run: above a few percent, timings are not comparable (2-thread
 PyTorch slows down several times on oversubscribed cores).
-Writes OUT/bench.json (every number) and OUT/bench.md (the tables, scripts/bench_report.py); sections
+Writes OUT/bench.json (every number) and OUT/bench.md (the tables, benchmarks/report.py); sections
 from earlier runs in the same OUT are kept, so `--no-main --inference` adds to a previous run's report.
+OUT must be new, empty or one the benchmark wrote before; it replaces only folders it made and marked
+(runs/NAME, cache: a `.made-by-benchmarks` file in each), so a folder of the user's is refused, never emptied.
 """
 
 from __future__ import annotations
@@ -41,16 +43,22 @@ import shutil
 import sys
 from pathlib import Path
 
-from bench_eval_speed import measure_inference, score_export
-from bench_flops import measure_peak_flops, model_shape, peak_for, summarise_loop, updates_from_records
-from bench_measure import run_measured
-from bench_report import REFERENCE_ABLATION, load_report, ratio_rows, save_report
-
+from benchmarks.eval_speed import measure_inference, score_export
+from benchmarks.measure import (
+    measure_peak_flops,
+    model_shape,
+    peak_for,
+    run_measured,
+    summarise_loop,
+    updates_from_records,
+)
+from benchmarks.report import REFERENCE_ABLATION, load_report, ratio_rows, save_report
 from ner.data import build_label_list, read_conll, write_conll
+from ner.errors import UserError, cli
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPTS = Path(__file__).resolve().parent
 CONLL_DIR = ROOT.parent / "shared" / "data" / "conll2003"
+MARKER = ".made-by-benchmarks"  # in every folder this benchmark made: the only folders it empties or replaces
 ABLATIONS = {  # name -> flags that change one technique (run (b) again with them)
     REFERENCE_ABLATION: [],
     "no tokenisation cache": ["--tokenization-cache", "none"],
@@ -64,6 +72,32 @@ ABLATIONS = {  # name -> flags that change one technique (run (b) again with the
 }
 
 
+def mark(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / MARKER).write_text("made by python -m benchmarks.training_speed; its next run may replace this folder\n")
+    return folder
+
+
+def claim_out(out: Path) -> Path:
+    """--out: a new or empty folder, or one this benchmark wrote before; a folder of the user's is refused."""
+    if out.exists() and not out.is_dir():
+        raise UserError(f"{out}: --out is a file (choose a folder)")
+    ours = (out / MARKER).is_file() or (out / "bench.json").is_file()  # bench.json: written before markers
+    if out.exists() and any(out.iterdir()) and not ours:
+        raise UserError(f"{out}: --out holds files this benchmark did not write (choose a new or empty folder)")
+    return mark(out)
+
+
+def fresh_dir(folder: Path) -> Path:
+    """An empty, marked folder; replaces only a folder an earlier run made and marked, never one of the user's."""
+    if folder.exists():
+        if not (folder / MARKER).is_file():
+            raise UserError(f"{folder}: was not made by this benchmark, so it is not replaced (move it away, "
+                            "or choose another --out)")
+        shutil.rmtree(folder)
+    return mark(folder)
+
+
 def prepare_slices(args: argparse.Namespace, work: Path) -> tuple[Path, Path]:
     """The first --sentences train and --valid-sentences validation sentences, as CoNLL files in `work`."""
     train = write_conll(work / "train.conll", read_conll(args.conll_dir / "train.txt")[:args.sentences])
@@ -75,9 +109,9 @@ def prepare_slices(args: argparse.Namespace, work: Path) -> tuple[Path, Path]:
 
 
 def run_baseline(args: argparse.Namespace, work: Path, train: Path, valid: Path, shape: dict, peaks: dict) -> dict:
-    """scripts/bench_baseline.py in its own process, measured, and summarised like the project's runs."""
-    result_path = work / "runs" / "baseline" / "result.json"
-    argv = [sys.executable, str(SCRIPTS / "bench_baseline.py"), "--train-file", str(train),
+    """benchmarks.baseline in its own process, measured, and summarised like the project's runs."""
+    result_path = fresh_dir(work / "runs" / "baseline") / "result.json"
+    argv = [sys.executable, "-m", "benchmarks.baseline", "--train-file", str(train),
             "--validation-file", str(valid), "--result", str(result_path), "--model", args.model]
     measured = run_measured(argv, work / "logs" / "baseline.log", cwd=ROOT)
     inner = json.loads(result_path.read_text())
@@ -107,8 +141,7 @@ def run_project(name: str, train: Path, valid: Path | None, work: Path, extra: l
     """Train with `python -m ner.train` (or `launcher`), then summarise from the run's own files."""
     from ner.backends import default_device, resolve_precision
 
-    out_dir = work / "runs" / name
-    shutil.rmtree(out_dir, ignore_errors=True)
+    out_dir = fresh_dir(work / "runs" / name)
     argv = ner_train_argv(train, valid, out_dir, *extra)
     if launcher:
         argv = [*launcher, "ner/train.py", *argv[3:]]
@@ -134,7 +167,7 @@ def run_project(name: str, train: Path, valid: Path | None, work: Path, extra: l
 
 def main_section(args: argparse.Namespace, work: Path, train: Path, valid: Path, shape: dict, peaks: dict) -> dict:
     baseline = run_baseline(args, work, train, valid, shape, peaks)
-    shutil.rmtree(work / "cache", ignore_errors=True)  # the default run starts cold, as a first run does
+    fresh_dir(work / "cache")  # the default run starts cold, as a first run does
     ours = run_project("ours", train, valid, work, ["--num-epochs", "1", "--tokenization-cache", str(work / "cache")],
                        shape, peaks)
     settings = settings_rows(baseline, ours["training_args"], ours["precision"])
@@ -223,8 +256,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@cli
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    work = claim_out(args.out.resolve())
+    if not (work / "cache").exists():
+        mark(work / "cache")  # the tokenisation cache every run shares; main_section empties it
     if args.threads:
         os.environ["OMP_NUM_THREADS"] = str(args.threads)  # before torch starts; inherited by every run
     import torch
@@ -232,7 +269,6 @@ def main(argv: list[str] | None = None) -> int:
     from ner.backends import default_device
     from ner.model import resolve_model_path
 
-    work = args.out.resolve()
     report = load_report(work / "bench.json")
     device = default_device()
     report.update(device=str(device), torch=torch.__version__, threads=torch.get_num_threads())

@@ -1,12 +1,12 @@
 """The benchmark's report: bench.json (every number) rendered as bench.md (the tables), merged across runs.
 
-    from bench_report import load_report, save_report
+    from benchmarks.report import load_report, save_report
     report = load_report(out / "bench.json")   # sections of earlier runs in the same folder are kept
     report["inference"] = {...}
     save_report(report, out)                   # writes bench.json and bench.md
 
 Sections, each optional: `peak` (matmul peak), `main` (baseline vs ours), `ablations`, `inference`,
-`scaling`, `full_memory`. A run is a dict of measurements (see bench.py's run_project).
+`scaling`, `full_memory`. A run is a dict of measurements (see benchmarks/training_speed.py's run_project).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench_measure import contention
+from benchmarks.measure import contention
 
 REFERENCE_ABLATION = "default, warm tokenisation cache"
 REFERENCE_INFERENCE = "one sentence at a time (HF model, fp32)"

@@ -1,0 +1,13 @@
+"""Benchmarks of the `ner` package: one entry point per question. Run them from the root of a checkout
+(they are not in the wheel; `python -m` finds this folder because the current directory is on the path):
+
+    python -m benchmarks.training_speed --sentences 3000 --out bench_out/   # the canonical loop vs ours
+    python -m benchmarks.baseline --train-file T --validation-file V --result R  # the canonical loop alone
+    python -m benchmarks.eval_speed bench_out/runs/ours/final ../shared/data/conll2003/valid.txt  # evaluate/predict
+    python -m benchmarks.inference runs/final_onnx ../shared/data/conll2003/valid.txt  # torch, onnx, onnx-int8
+    python -m benchmarks.shapes --multiples 1,4,8                           # cost of new batch shapes on CPU
+    python -m benchmarks.seeds --seeds 1 2 3 --out seeds_out/x -- --config scripts/conll2003.yaml  # F1 over seeds
+
+Libraries (no entry point): `measure` (process time and memory, FLOPs, MFU, the matmul peak) and
+`report` (bench.json / bench.md of training_speed). Results: docs/performance.md, docs/context.md.
+"""

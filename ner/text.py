@@ -122,7 +122,8 @@ def split_whitespace_punct(text: str) -> list[Word]:
 
 
 def split_whitespace(text: str) -> list[Word]:
-    """Words are what lies between whitespace (what `--pretokenized` does)."""
+    """Words are what lies between whitespace (any Unicode space: tab, no-break, em; as str.split()), less
+    words of invisible characters only (a stray zero-width space or BOM): what `--pretokenized` does."""
     return [(m.group(), m.start(), m.end()) for m in re.finditer(r"\S+", text) if not _invisible(m.group())]
 
 

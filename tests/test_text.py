@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ner.data import Example, read_conll_documents
-from ner.text import split_whitespace_punct, split_words
+from ner.text import split_whitespace, split_whitespace_punct, split_words
 
 # (text, its words): accents composed and decomposed, curly quotes, emoji, CJK, odd spaces, invisible characters.
 TRICKY_WORDS = [
@@ -171,6 +171,18 @@ def test_predict_cli_raw_text(random_model, tmp_path):
     assert any(r["entities"] for r in records)
     wrong = run_cli([sys.executable, "-m", "ner.predict", str(random_model), str(source), "--format", "conll"])
     assert wrong.returncode == 2 and wrong.stderr.startswith("error: ") and "Traceback" not in wrong.stderr
+
+
+def test_pretokenized_lines_split_on_any_whitespace_as_split_whitespace_does():
+    from ner.predict import read_plain
+
+    lines = ["Ada\tLovelace\u00a0visited  London\u2003.", "", " \t\u200b ", "10,000 fans \u200b cheered"]
+    examples = read_plain(lines, "<stdin>")
+    assert [e.words for e in examples] == [["Ada", "Lovelace", "visited", "London", "."],
+                                           ["10,000", "fans", "cheered"]]  # lines without words are skipped
+    split = [[w for w, _, _ in split_whitespace(line)] for line in lines]
+    assert [e.words for e in examples] == [words for words in split if words]  # the splitter docs/raw_text.md names
+    assert all(e.tags == ["O"] * len(e.words) for e in examples)
 
 
 def test_help_says_what_the_keys_mean_in_each_mode():

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 from conftest import SHARED_CONLL, python_module, run_cli, tiny_args
 
-from ner.data import SAMPLE_DIR, detect_format, read_conll, read_examples, write_jsonl
+from ner.data import SAMPLE_DIR, read_conll, write_jsonl
 from ner.errors import UserError
+from ner.formats import detect_format, read_examples
 from ner.spans import span_record
 
 LABEL_STUDIO = Path(__file__).parent / "data" / "label_studio_ner.json"

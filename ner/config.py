@@ -20,9 +20,10 @@ from typing import Any
 
 import yaml
 
-from ner.data import DATA_FORMATS, SAMPLE_DIR
+from ner.data import SAMPLE_DIR
 from ner.decode import DECODERS
 from ner.errors import UserError
+from ner.formats import DATA_FORMATS
 from ner.spans import ALIGNMENTS
 
 log = logging.getLogger("ner")

@@ -24,8 +24,9 @@ from seqeval.metrics import classification_report
 from seqeval.metrics.sequence_labeling import get_entities
 
 from ner.config import add_data_arguments, add_inference_arguments
-from ner.data import Example, check_known_labels, read_examples
+from ner.data import Example, check_known_labels
 from ner.errors import UserError, cli
+from ner.formats import read_examples
 from ner.metrics import entity_scores, seqeval_kwargs
 
 Span = tuple[str, int, int]  # (type, first word, last word), as seqeval's get_entities

@@ -41,6 +41,7 @@ from ner.data import Example, check_known_labels, parse_jsonl, read_conll
 from ner.errors import UserError, cli
 from ner.infer import Tagger
 from ner.spans import SPAN_HELP, entities_record, label_studio_task, span_record, text_of
+from ner.text import split_whitespace
 
 RAW_HELP = ("raw text (the default): each line is one text; entities carry character offsets "
             "(text == line[start:end])")
@@ -55,7 +56,9 @@ def entities(words: list[str], tags: list[str], probs: np.ndarray) -> list[dict]
 
 
 def read_plain(lines: list[str], source: str) -> list[Example]:
-    return [Example(line.split(), ["O"] * len(line.split()), source) for line in lines if line.strip()]
+    """--pretokenized: the words of each line that has any, split as text.split_whitespace splits them."""
+    sentences = [[word for word, _, _ in split_whitespace(line)] for line in lines]
+    return [Example(words, ["O"] * len(words), source) for words in sentences if words]
 
 
 def read_lines(file: Path | None) -> list[str]:

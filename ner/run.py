@@ -26,17 +26,16 @@ from ner.batching import TokenBudgetBatchSampler
 from ner.config import TrainConfig, resolve_auto, resolve_context, tokenization_cache_dir, with_sample_data
 from ner.data import (
     Columns,
-    Splits,
     build_label_list,
     check_known_labels,
     has_documents,
-    load_splits,
     write_predictions,
 )
 from ner.decode import Decoder
 from ner.encode import cached_encode, collate, padded_lengths
 from ner.errors import UserError
 from ner.export import export_checkpoint, is_export
+from ner.formats import Splits, load_splits
 from ner.hooks import RunHooks
 from ner.infer import EvalSet, build_eval_set, evaluate, predict_tags
 from ner.loop import TrainState, fit, updates_in_epoch

@@ -23,6 +23,7 @@ units (JavaScript) or with CRLF as one character are tried and, if they hit, use
 from __future__ import annotations
 
 import bisect
+import itertools
 import json
 import logging
 import re
@@ -263,35 +264,44 @@ def read_docbin(path: Path) -> list[SpanRecord]:
 
 # ----------------------------------------------------------------------------- spans -> words and tags
 
-def _utf16_to_chars(text: str, offset: int) -> int | None:
-    """The character index at `offset` UTF-16 code units (JavaScript's string index); None if inside a pair."""
-    units = 0
-    for i, char in enumerate(text):
-        if units == offset:
-            return i
-        units += 2 if ord(char) > 0xFFFF else 1
-        if units > offset:
-            return None
-    return len(text) if units == offset else None
+UTF16 = "UTF-16 code units"
+CRLF = "CRLF as one character"
 
 
-def _crlf_to_chars(text: str, offset: int) -> int | None:
-    """The character index at `offset` in the text with each CRLF counted as one character (a browser's view)."""
-    seen = 0
-    for i, char in enumerate(text):
-        if seen == offset:
-            return i
-        if not (char == "\r" and text[i + 1:i + 2] == "\n"):
-            seen += 1
-    return len(text) if seen == offset else None
+def _utf16_table(text: str) -> list[int]:
+    """UTF-16 code units (JavaScript's string index) before each character index 0..len(text)."""
+    return list(itertools.accumulate((2 if ord(char) > 0xFFFF else 1 for char in text), initial=0))
 
 
-def locate(span: Span, text: str, record: SpanRecord, tally: Tally) -> tuple[int, int] | None:
+def _crlf_table(text: str) -> list[int]:
+    """Characters before each index 0..len(text) with each CRLF counted as one (a browser's view): its CR adds 0."""
+    return list(itertools.accumulate((0 if char == "\r" and text[i + 1:i + 2] == "\n" else 1
+                                      for i, char in enumerate(text)), initial=0))
+
+
+class Recount:
+    """Character indices of one text for offsets counted in other units, from one table per unit, built on
+    first use: re-reading all of a text's spans costs one pass over it and a bisection per offset."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.tables: dict[str, list[int]] = {}
+
+    def char_index(self, unit: str, offset: int) -> int | None:
+        """The character index where `offset` in `unit` falls; None if none does (inside a surrogate pair)."""
+        if unit not in self.tables:
+            self.tables[unit] = {UTF16: _utf16_table, CRLF: _crlf_table}[unit](self.text)
+        table = self.tables[unit]  # non-decreasing: the first index with the count is the character's own
+        i = bisect.bisect_left(table, offset)
+        return i if i < len(table) and table[i] == offset else None
+
+
+def locate(span: Span, text: str, record: SpanRecord, tally: Tally, recount: Recount) -> tuple[int, int] | None:
     """The span's character range in `text`, re-read where the tool counted differently; None: unusable."""
     start, end = span.start, span.end
     if span.text is not None and text[max(start, 0):max(end, 0)] != span.text:
-        for unit, convert in (("UTF-16 code units", _utf16_to_chars), ("CRLF as one character", _crlf_to_chars)):
-            fixed = convert(text, start), convert(text, end)
+        for unit in (UTF16, CRLF):
+            fixed = recount.char_index(unit, start), recount.char_index(unit, end)
             if None not in fixed and text[fixed[0]:fixed[1]] == span.text:
                 tally.counts[f"offsets re-read as {unit}"] += 1
                 return fixed
@@ -366,9 +376,10 @@ def tag_record(record: SpanRecord, tally: Tally) -> tuple[list[Word], list[str]]
     """The record's words and their IOB2 tags."""
     words = record.words if record.words is not None else split_words(record.text)
     placed: list[Placed] = []
+    recount = Recount(record.text)
     for span in record.spans:
         tally.counts["spans"] += 1
-        located = locate(span, record.text, record, tally)
+        located = locate(span, record.text, record, tally, recount)
         snapped = snap(span, *located, words, record, tally) if located else None
         if snapped:
             placed.append((*snapped, span.label, span))

@@ -17,8 +17,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from ner.data import Example, read_conll_documents, read_examples, to_iob2, write_conll, write_jsonl
+from ner.data import Example, read_conll_documents, to_iob2, write_conll, write_jsonl
 from ner.errors import cli
+from ner.formats import read_examples
 from ner.spans import span_record
 
 

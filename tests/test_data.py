@@ -12,12 +12,12 @@ from ner.data import (
     check_known_labels,
     detect_scheme,
     read_conll,
-    read_examples,
     read_jsonl,
     to_iob2,
     to_iobes,
 )
 from ner.errors import UserError
+from ner.formats import read_examples
 
 
 def test_conll_tolerates_crlf_bom_tabs_docstart_and_missing_final_newline(tmp_path):

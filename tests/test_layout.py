@@ -116,3 +116,75 @@ def test_the_sys_path_check_catches_both_forms():
     bad = "import sys\nsys.path.insert(0, 'scripts')\nmonkeypatch.syspath_prepend('x')\n"
     assert sys_path_edits(bad) == ["line 2: sys.path", "line 3: syspath_prepend"]
     assert sys_path_edits("import os\nos.path.join('a')\n") == []
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def ner_imports(source: str) -> tuple[set[str], set[str]]:
+    """The ner modules a file imports (`from ner import spans` names ner.spans): (at module level, in functions)."""
+    def resolve(module: str, name: str) -> str:
+        file = ROOT / Path(*module.split("."), name)
+        return f"{module}.{name}" if file.with_suffix(".py").is_file() or file.is_dir() else module
+
+    def found(nodes) -> set[str]:
+        names = set()
+        for node in nodes:
+            if isinstance(node, ast.Import):
+                names |= {a.name for a in node.names if a.name == "ner" or a.name.startswith("ner.")}
+            elif isinstance(node, ast.ImportFrom) and node.module and (node.module + ".").startswith("ner."):
+                names |= {resolve(node.module, a.name) for a in node.names}
+        return names
+
+    tree = ast.parse(source)
+    in_functions = [n for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+                    for n in ast.walk(f)]
+    inside = {id(n) for n in in_functions}
+    return found(n for n in ast.walk(tree) if id(n) not in inside), found(in_functions)
+
+
+def reaches(graph: dict[str, set[str]], start: str, goal: str) -> bool:
+    seen, todo = set(), [start]
+    while todo:
+        node = todo.pop()
+        if node == goal:
+            return True
+        if node not in seen:
+            seen.add(node)
+            todo += graph.get(node, ())
+    return False
+
+
+# Function-level imports that close a cycle on purpose: a backend implements the protocol its package defines,
+# and is imported only once chosen (it pulls in accelerate or torch.distributed).
+LAZY_BY_DESIGN = {("ner.backends", f"ner.backends.{name}") for name in ("hf_accelerate", "raw_ddp", "data_parallel")}
+
+
+def import_graphs() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+    top, lazy = {}, {}
+    for path in (ROOT / "ner").rglob("*.py"):
+        top[module_name(path)], lazy[module_name(path)] = ner_imports(path.read_text(encoding="utf-8"))
+    return top, lazy
+
+
+def test_data_readers_import_one_way():
+    # formats.py picks the reader; data.py (CoNLL, JSON lines) and spans.py (character spans) never import it,
+    # and data.py never imports spans.py (spans.py builds on data.py's Example).
+    top, lazy = import_graphs()
+    assert not (top["ner.data"] | lazy["ner.data"]) & {"ner.spans", "ner.formats"}
+    assert "ner.formats" not in top["ner.spans"] | lazy["ner.spans"]
+    assert {"ner.data", "ner.spans"} <= top["ner.formats"]
+
+
+def test_no_function_level_import_hides_an_import_cycle():
+    # A function-level import of a ner module is for cost (torch, onnx) only: made at module level, it must not
+    # close a cycle, and module-level imports have none.
+    top, lazy = import_graphs()
+    hidden = sorted((module, target) for module, targets in lazy.items() for target in targets
+                    if (module, target) not in LAZY_BY_DESIGN and reaches(top, target, module))
+    assert hidden == []
+    cycles = sorted((module, target) for module, targets in top.items() for target in targets
+                    if target != module and reaches(top, target, module))
+    assert cycles == []

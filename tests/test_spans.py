@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 from conftest import SHARED_CONLL, python_module, run_cli, tiny_args
 
-from ner.data import SAMPLE_DIR, detect_format, read_conll, read_examples, write_jsonl
+from ner.data import SAMPLE_DIR, read_conll, write_jsonl
 from ner.errors import UserError
+from ner.formats import detect_format, read_examples
 from ner.spans import span_record
 
 LABEL_STUDIO = Path(__file__).parent / "data" / "label_studio_ner.json"
@@ -51,6 +52,36 @@ def test_offsets_counted_in_utf16_or_with_crlf_as_one_are_reread_by_the_span_tex
     wrong = {"text": text, "entities": [{"start": 0, "end": 2, "label": "PER", "text": "Marie"}]}
     with pytest.raises(UserError, match=r"a.jsonl:1: span \[0, 2, 'PER'\] covers '😀😀' but says it is 'Marie'"):
         read_examples(write_spans(tmp_path / "a.jsonl", wrong))
+
+
+def test_rereading_a_texts_offsets_reads_the_text_once_per_unit(tmp_path, caplog, monkeypatch):
+    # 400 spans in UTF-16 units after astral characters, 400 with CRLF as one character: each way of counting
+    # is tabled once for the text (the cost is linear), and every span lands on its words.
+    from ner import spans
+
+    built = []
+    for name in ("_utf16_table", "_crlf_table"):
+        table = getattr(spans, name)
+        monkeypatch.setattr(spans, name, lambda text, name=name, table=table: built.append(name) or table(text))
+    names = [(f"Marie Curie{i}", "PER", f"Paris{i}", "LOC") for i in range(200)]  # unique: no offset hits by chance
+    emoji_text = "".join(f"😀 {person} met 👩\u200d👩\u200d👧 in {place}. " for person, _, place, _ in names)
+    crlf_text = "".join(f"{person}\r\nin {place}.\r\n" for person, _, place, _ in names)
+    records = []
+    for text, offset in ((emoji_text, lambda before: len(before.encode("utf-16-le")) // 2),
+                         (crlf_text, lambda before: len(before.replace("\r\n", "\n")))):
+        entities, at = [], 0
+        for name, label in [(n[i], n[i + 1]) for n in names for i in (0, 2)]:
+            at = text.index(name, at)
+            start = offset(text[:at])
+            entities.append({"start": start, "end": start + len(name), "label": label, "text": name})
+            at += len(name)
+        records.append({"text": text, "entities": entities})
+    with caplog.at_level(logging.INFO, logger="ner"):
+        examples = read_examples(write_spans(tmp_path / "a.jsonl", *records))
+    assert [t for e in examples for t in e.tags if t != "O"] == ["B-PER", "I-PER", "B-LOC"] * 400
+    assert "400 offsets re-read as UTF-16 code units" in caplog.text
+    assert "399 offsets re-read as CRLF as one character" in caplog.text  # the first span is before any CRLF
+    assert sorted(built) == ["_crlf_table", "_utf16_table", "_utf16_table"]  # the CRLF text tried UTF-16 first
 
 
 TEXT = "Angela Merkel met Bre-X in Berlin."  # words: Angela Merkel met Bre-X in Berlin .

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import unicodedata
 
 import pytest
 from conftest import ROOT, run_cli
@@ -11,22 +12,43 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ner.data import Example, read_conll_documents
-from ner.text import split_whitespace_punct, split_words
+from ner.text import split_whitespace, split_whitespace_punct, split_words
 
-TRICKY = [
-    "",
-    "Angela Merkel met Emmanuel Macron in Paris.",
-    "Café Société in Zürich; naïve façade — Ærø, Øresund, São Paulo, Kraków.",
-    "\u201cCurly quotes,\u201d she said. \u2018Single\u2019 too, and O\u2019Neill\u2019s dog.",
-    "Emoji \U0001F600\U0001F1EB\U0001F1F7 family \U0001F468\u200d\U0001F469\u200d\U0001F467 done\U0001F44D\U0001F3FD.",
-    "北京市 is in 中国 and 東京 is in 日本; 서울 too.",
-    "tabs\tand\t\truns   of     spaces\u00a0and\u2003em space",
-    "zero\u200bwidth\u200c\u200dmarks\ufeff and \x00control\x07chars\x1b[31m and \u202eRTL\u202c",
-    "e\u0301 combining accents: Mu\u0308nchen",
-    "x" * 20000,
-    "Visit https://example.com/a?b=1, mail ada@example.co.uk, pay $3.5 on 1996-12-06.",
-    "\r\n\u2028line\u2029separators\x0b\x0c",
+# (text, its words): accents composed and decomposed, curly quotes, emoji, CJK, odd spaces, invisible characters.
+TRICKY_WORDS = [
+    ("", []),
+    ("Angela Merkel met Emmanuel Macron in Paris.", ["Angela", "Merkel", "met", "Emmanuel", "Macron", "in", "Paris",
+                                                     "."]),
+    ("Café Société in Zürich; naïve façade — Ærø, Øresund, São Paulo, Kraków.",
+     ["Café", "Société", "in", "Zürich", ";", "naïve", "façade", "—", "Ærø", ",", "Øresund", ",", "São", "Paulo", ",",
+      "Kraków", "."]),
+    ("\u201cCurly quotes,\u201d she said. \u2018Single\u2019 too, and O\u2019Neill\u2019s dog.",
+     ["\u201c", "Curly", "quotes", ",", "\u201d", "she", "said", ".", "\u2018", "Single", "\u2019", "too", ",", "and",
+      "O\u2019Neill", "\u2019s", "dog", "."]),
+    ("Emoji \U0001F600\U0001F1EB\U0001F1F7 family \U0001F468\u200d\U0001F469\u200d\U0001F467 done\U0001F44D\U0001F3FD.",
+     ["Emoji", "\U0001F600", "\U0001F1EB\U0001F1F7", "family", "\U0001F468\u200d\U0001F469\u200d\U0001F467", "done",
+      "\U0001F44D\U0001F3FD", "."]),
+    ("北京市 is in 中国 and 東京 is in 日本; 서울 too.",
+     ["北京市", "is", "in", "中国", "and", "東京", "is", "in", "日本", ";", "서울", "too", "."]),
+    ("tabs\tand\t\truns   of     spaces\u00a0and\u2003em space",
+     ["tabs", "and", "runs", "of", "spaces", "and", "em", "space"]),
+    ("zero\u200bwidth\u200c\u200dmarks\ufeff and \x00control\x07chars\x1b[31m and \u202eRTL\u202c",
+     ["zero", "width\u200c\u200dmarks", "and", "control", "chars", "[", "31m", "and", "RTL"]),  # ZW(N)J inside a word
+    ("e\u0301 combining accents: Mu\u0308nchen", ["e\u0301", "combining", "accents", ":", "Mu\u0308nchen"]),
+    ("Mari\u0301a Lo\u0301pez visited Mu\u0308nchen.", ["Mari\u0301a", "Lo\u0301pez", "visited", "Mu\u0308nchen", "."]),
+    ("co\u00adoperate, co\u00ad operate", ["co\u00adoperate", ",", "co", "operate"]),  # a soft hyphen inside a word
+    ("नमस्ते दुनिया, ภาษาไทย", ["नमस्ते", "दुनिया", ",", "ภาษาไทย"]),  # vowel signs are marks (Mc, Mn)
+    ("\u0301Mu\u0308nchen.\u0301 Jose\u0301's U\u0308.S. a\u200b\u0301b", ["\u0301", "Mu\u0308nchen", ".\u0301",
+     "Jose\u0301", "'s", "U\u0308.S.", "a", "\u0301", "b"]),  # a mark with no visible character before it: alone
+    ("3\ufe0f\u20e3 \u2764\ufe0f\u200d\U0001F525 \u845b\U000E0100\u57ce",
+     ["3\ufe0f\u20e3", "\u2764\ufe0f\u200d\U0001F525", "\u845b\U000E0100\u57ce"]),  # keycap, variation selectors
+    ("x" * 20000, ["x" * 20000]),
+    ("Visit https://example.com/a?b=1, mail ada@example.co.uk, pay $3.5 on 1996-12-06.",
+     ["Visit", "https://example.com/a?b=1", ",", "mail", "ada@example.co.uk", ",", "pay", "$", "3.5", "on",
+      "1996-12-06", "."]),
+    ("\r\n\u2028line\u2029separators\x0b\x0c", ["line", "separators"]),
 ]
+TRICKY = [text for text, _ in TRICKY_WORDS]
 
 
 @pytest.fixture(scope="module")
@@ -80,9 +102,10 @@ def test_the_splitter_is_not_the_naive_one():
     assert len(split_words(text)) == 4 and len(split_whitespace_punct(text)) > 10
 
 
-@pytest.mark.parametrize("text", TRICKY, ids=range(len(TRICKY)))
-def test_tricky_text_words_slice(text):
+@pytest.mark.parametrize(("text", "expected"), TRICKY_WORDS, ids=range(len(TRICKY_WORDS)))
+def test_tricky_text_words(text, expected):
     words = split_words(text)
+    assert [w for w, _, _ in words] == expected
     assert_words_slice(text, words)
     assert not any(c in w for w, _, _ in words for c in "\u200b\ufeff\x00\u202e")  # invisible: separators
 
@@ -99,6 +122,20 @@ def test_tricky_texts_tag_and_slice(tagger):
 @given(st.text(alphabet=st.characters(codec="utf-8"), max_size=200))
 def test_any_text_words_slice(text):
     assert_words_slice(text, split_words(text))
+
+
+MARKS = "\u0301\u0308\u0327\u093f\u20e3\ufe0f"  # acute, diaeresis, cedilla, a vowel sign (Mc), keycap (Me), VS-16
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.text(alphabet=st.characters(codec="utf-8", exclude_characters=MARKS), max_size=200), st.data())
+def test_combining_marks_after_letters_never_change_the_words(text, data):
+    # Decomposed text splits as the text without its marks does: each mark stays inside its letter's word.
+    marked = "".join(c + (data.draw(st.text(alphabet=MARKS, max_size=2)) if unicodedata.category(c)[0] == "L" else "")
+                     for c in text)
+    words = split_words(marked)
+    assert_words_slice(marked, words)
+    assert [w.translate({ord(m): None for m in MARKS}) for w, _, _ in words] == [w for w, _, _ in split_words(text)]
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -134,6 +171,18 @@ def test_predict_cli_raw_text(random_model, tmp_path):
     assert any(r["entities"] for r in records)
     wrong = run_cli([sys.executable, "-m", "ner.predict", str(random_model), str(source), "--format", "conll"])
     assert wrong.returncode == 2 and wrong.stderr.startswith("error: ") and "Traceback" not in wrong.stderr
+
+
+def test_pretokenized_lines_split_on_any_whitespace_as_split_whitespace_does():
+    from ner.predict import read_plain
+
+    lines = ["Ada\tLovelace\u00a0visited  London\u2003.", "", " \t\u200b ", "10,000 fans \u200b cheered"]
+    examples = read_plain(lines, "<stdin>")
+    assert [e.words for e in examples] == [["Ada", "Lovelace", "visited", "London", "."],
+                                           ["10,000", "fans", "cheered"]]  # lines without words are skipped
+    split = [[w for w, _, _ in split_whitespace(line)] for line in lines]
+    assert [e.words for e in examples] == [words for words in split if words]  # the splitter docs/raw_text.md names
+    assert all(e.tags == ["O"] * len(e.words) for e in examples)
 
 
 def test_help_says_what_the_keys_mean_in_each_mode():

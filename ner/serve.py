@@ -249,30 +249,6 @@ def check_port_free(host: str, port: int) -> None:
         raise UserError(f"{host}:{port}: cannot listen there ({exc.strerror}); pass another --port or --host") from None
 
 
-def free_local_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on now, for a server started by a script or a test."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def wait_until_healthy(url: str, process, timeout_s: float) -> bool:
-    """True once GET {url}/health answers 200; False if `process` (the server, a Popen) exits or
-    `timeout_s` passes first. For scripts and tests that start `python -m ner.serve`; each fails its own way."""
-    import time
-
-    import httpx
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and process.poll() is None:
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return True
-        except httpx.TransportError:
-            time.sleep(0.2)
-    return False
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m ner.serve", description=__doc__.splitlines()[0])
     parser.add_argument("model_dir", type=Path, help="an exported model folder (OUTPUT_DIR/final)")

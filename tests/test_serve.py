@@ -20,7 +20,8 @@ httpx = pytest.importorskip("httpx")
 from conftest import ROOT  # noqa: E402
 from fastapi.testclient import TestClient  # noqa: E402
 
-from ner.serve import Limits, MicroBatcher, create_app, free_local_port, wait_until_healthy  # noqa: E402
+from ner.serve import Limits, MicroBatcher, create_app  # noqa: E402
+from ner.testing import free_local_port, wait_until_healthy  # noqa: E402
 
 TEXTS = ["Ada Lovelace visited London on Monday.", "", "Café \U0001F600 北京 a\u200bb\tc",
          "Shares of Acme Corp rose in Paris after Alan Turing spoke."]

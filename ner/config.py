@@ -277,8 +277,9 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mixed-precision", choices=("auto", "no", "bf16"), default="auto",
                         help="autocast dtype (default: auto, bf16 where supported)")
     parser.add_argument("--runtime", choices=RUNTIMES, default="torch",
-                        help="torch (default); onnx / onnx-int8: onnxruntime on the CPU over model.onnx / "
-                             "model.int8.onnx, written by python -m ner.export MODEL_DIR OUT --onnx --quantize int8")
+                        help="torch (default); onnx / onnx-int8: onnxruntime (CUDA where it has the provider and "
+                             "the device is a GPU, else the CPU) over model.onnx / model.int8.onnx, written by "
+                             "python -m ner.export MODEL_DIR OUT --onnx --quantize int8")
 
 
 def add_data_arguments(parser: argparse.ArgumentParser) -> None:

@@ -163,7 +163,7 @@ class Tagger:
 
     def _load_runtime(self, model_dir: Path, num_labels: int) -> Runtime:
         if self.runtime_name != "torch":  # the ONNX file alone: the PyTorch weights are never loaded
-            return OnnxRuntime(onnx_path(model_dir, self.runtime_name), num_labels)
+            return OnnxRuntime(onnx_path(model_dir, self.runtime_name), num_labels, self.device)
         from transformers import AutoModelForTokenClassification
 
         model = AutoModelForTokenClassification.from_pretrained(model_dir).eval().to(self.device)

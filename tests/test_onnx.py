@@ -12,6 +12,7 @@ import torch
 pytest.importorskip("onnxruntime")
 
 from ner import export_onnx  # noqa: E402
+from ner import runtime as runtimes  # noqa: E402
 from ner.data import read_conll  # noqa: E402
 from ner.evaluate import main as evaluate_main  # noqa: E402
 from ner.export import main as export_main  # noqa: E402
@@ -134,3 +135,51 @@ def test_export_that_fails_its_check_leaves_nothing(exported, tmp_path, monkeypa
 def test_export_source_must_be_a_checkpoint_or_an_export(random_model, tmp_path, capsys):
     assert export_main([str(random_model), str(tmp_path / "out"), "--onnx"]) == 2
     assert "neither a checkpoint" in one_line_error(capsys)
+
+
+@pytest.mark.parametrize("available, device_type, expected", [
+    (["CUDAExecutionProvider", "CPUExecutionProvider"], "cuda", ["CUDAExecutionProvider", "CPUExecutionProvider"]),
+    (["CUDAExecutionProvider", "CPUExecutionProvider"], "cpu", ["CPUExecutionProvider"]),
+    (["AzureExecutionProvider", "CPUExecutionProvider"], "cuda", ["CPUExecutionProvider"]),
+    (["CPUExecutionProvider"], "mps", ["CPUExecutionProvider"]),
+])
+def test_onnx_provider_follows_the_device_where_onnxruntime_has_it(available, device_type, expected):
+    assert runtimes.onnx_providers(available, device_type) == expected
+
+
+@pytest.mark.parametrize("omp, torch_threads, quota, expected", [
+    ("3", 16, 2.0, 3),     # the user's OMP_NUM_THREADS wins (torch reads it too)
+    (None, 16, 2.5, 3),    # torch's count, capped by a 2.5-CPU quota (rounded up)
+    ("", 4, None, 4),      # no quota: torch's count
+    ("0", 8, None, 8),     # not a thread count: ignored
+    ("two", 1, 0.2, 1),    # at least one thread
+])
+def test_onnx_threads_follow_omp_num_threads_then_torch_within_the_quota(omp, torch_threads, quota, expected):
+    assert runtimes.onnx_threads(omp, torch_threads, quota) == expected
+
+
+def test_cgroup_cpu_quota_reads_v2_and_v1(tmp_path):
+    v2 = tmp_path / "v2"
+    v2.mkdir()
+    (v2 / "cpu.max").write_text("150000 100000\n")
+    assert runtimes.cgroup_cpu_quota(v2) == 1.5
+    (v2 / "cpu.max").write_text("max 100000\n")
+    assert runtimes.cgroup_cpu_quota(v2) is None
+    v1 = tmp_path / "v1" / "cpu"
+    v1.mkdir(parents=True)
+    (v1 / "cpu.cfs_quota_us").write_text("200000\n")
+    (v1 / "cpu.cfs_period_us").write_text("100000\n")
+    assert runtimes.cgroup_cpu_quota(tmp_path / "v1") == 2.0
+    (v1 / "cpu.cfs_quota_us").write_text("-1\n")
+    assert runtimes.cgroup_cpu_quota(tmp_path / "v1") is None
+    assert runtimes.cgroup_cpu_quota(tmp_path / "nowhere") is None
+
+
+def test_onnx_session_takes_the_thread_count_and_says_when_a_gpu_is_not_used(exported, monkeypatch, caplog):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    session = runtimes.onnx_session(exported / "model.onnx")
+    assert session.get_session_options().intra_op_num_threads == 1
+    monkeypatch.setattr("onnxruntime.get_available_providers", lambda: ["CPUExecutionProvider"])
+    gpu = runtimes.onnx_session(exported / "model.onnx", torch.device("cuda"))
+    assert gpu.get_providers() == ["CPUExecutionProvider"]
+    assert "ONNX runs on the CPU" in caplog.text

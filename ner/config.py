@@ -154,9 +154,7 @@ class TrainConfig:
             raise UserError(f"--learning-rate must be positive, or 0 for auto (got {self.learning_rate})")
         if self.num_epochs < 0:
             raise UserError(f"--num-epochs must be positive, or 0 for auto (got {self.num_epochs})")
-        if self.max_seq_length < 8:
-            raise UserError(f"--max-seq-length {self.max_seq_length} is too small: "
-                            "a window needs [CLS], [SEP] and a few words (use 8 or more)")
+        check_max_seq_length(self.max_seq_length)
         if 2 * self.context_tokens >= self.max_seq_length - 2:
             raise UserError(f"--context-tokens {self.context_tokens} leaves no room in a window of "
                             f"--max-seq-length {self.max_seq_length} (use less than {(self.max_seq_length - 2) // 2})")
@@ -262,6 +260,19 @@ DEFAULT_MAX_SENTENCES, DEFAULT_MAX_TOKENS = inference_batch_limits(AUTO_SENTENCE
 
 
 RUNTIMES = ("torch", "onnx", "onnx-int8")  # what computes the logits at inference (ner/runtime.py)
+
+
+MIN_SEQ_LENGTH = 8  # [CLS], [SEP] and a few words
+
+
+def check_max_seq_length(value: int, max_positions: int | None = None) -> None:
+    """Training and inference windows: at least MIN_SEQ_LENGTH tokens, at most the model's positions."""
+    if value < MIN_SEQ_LENGTH:
+        raise UserError(f"--max-seq-length {value} is too small: a window needs [CLS], [SEP] and a few words "
+                        f"(use {MIN_SEQ_LENGTH} or more" + (f", up to {max_positions})" if max_positions else ")"))
+    if max_positions is not None and value > max_positions:
+        raise UserError(f"--max-seq-length {value} is longer than the model's {max_positions} positions "
+                        f"(use {MIN_SEQ_LENGTH} to {max_positions})")
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:

@@ -279,3 +279,24 @@ def test_serve_runs_the_model_as_it_was_trained(random_model, tmp_path):
     assert tagger.max_seq_length == 32 and tagger.decoder.method == "argmax"
     overridden = Tagger.from_args(build_parser().parse_args([str(trained), "--max-seq-length", "64"]))
     assert overridden.max_seq_length == 64
+
+
+@pytest.mark.parametrize("value, says", [
+    ("4", "--max-seq-length 4 is too small: a window needs [CLS], [SEP] and a few words (use 8 or more, up to 128)"),
+    ("129", "--max-seq-length 129 is longer than the model's 128 positions (use 8 to 128)"),
+])
+def test_max_seq_length_outside_the_model_is_a_user_error(random_model, value, says):
+    """Checked where every inference command (predict, evaluate, serve) builds its Tagger; the tiny BERT has
+    128 positions. A UserError is one line and exit code 2 (ner/errors.py)."""
+    from ner.errors import UserError
+    from ner.infer import Tagger
+    from ner.serve import build_parser
+
+    def tagger_with(length: str) -> Tagger:
+        return Tagger.from_args(build_parser().parse_args([str(random_model), "--max-seq-length", length,
+                                                           "--mixed-precision", "no"]))
+
+    with pytest.raises(UserError) as info:
+        tagger_with(value)
+    assert str(info.value) == says
+    assert tagger_with("128").max_seq_length == 128

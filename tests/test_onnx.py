@@ -62,7 +62,8 @@ def onnx_logits(path, input_ids, attention_mask):
 
 
 def test_export_parity_on_new_shapes(exported):
-    """Dynamic batch and sequence axes: shapes unlike the export's, fp32 within 1e-3, int8 argmax >= 99%."""
+    """Dynamic batch and sequence axes: shapes unlike the export's, fp32 within 1e-3, int8 argmax >= 99% of
+    attended tokens (random ids: no words to count)."""
     from transformers import AutoModelForTokenClassification
 
     model = AutoModelForTokenClassification.from_pretrained(exported).eval()
@@ -123,13 +124,54 @@ def test_corrupt_onnx_file_is_a_one_line_error(main, exported, tiny_data, tmp_pa
 
 
 @pytest.mark.parametrize("setting, value, says", [("MAX_LOGIT_DIFF", -1.0, "differs from PyTorch"),
-                                                   ("MIN_INT8_AGREEMENT", 1.01, "int8 ONNX model agrees")])
+                                                   ("MIN_INT8_WORD_AGREEMENT", 1.01, "int8 ONNX model agrees"),
+                                                   ("MIN_INT8_ENTITY_AGREEMENT", 1.01, "int8 ONNX model agrees")])
 def test_export_that_fails_its_check_leaves_nothing(exported, tmp_path, monkeypatch, capsys, setting, value, says):
     monkeypatch.setattr(export_onnx, setting, value)
     out = tmp_path / "out"
     assert export_main([str(exported), str(out), "--onnx", "--quantize", "int8"]) == 2
     assert says in one_line_error(capsys)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_graph_wrong_only_at_another_shape_is_refused(exported, tmp_path, monkeypatch, capsys):
+    """Right on the traced batch (12 rows), off on the 3-row batch of another width: the export is refused."""
+    run = export_onnx.run_session
+
+    def wrong_at_three_rows(path, inputs):
+        logits = run(path, inputs)
+        return logits + 0.5 if inputs["input_ids"].shape[0] == 3 else logits
+
+    monkeypatch.setattr(export_onnx, "run_session", wrong_at_three_rows)
+    assert export_main([str(exported), str(tmp_path / "out"), "--onnx"]) == 2
+    err = one_line_error(capsys)
+    assert "differs from PyTorch: max |logit difference| 5.00e-01" in err and "(batch of 3 x " in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_check_shapes_differ_from_the_traced_batch(exported):
+    from transformers import AutoTokenizer
+
+    batches = export_onnx.check_batches(AutoTokenizer.from_pretrained(exported))
+    shapes = [b["input_ids"].shape for b in batches]
+    assert shapes[0][0] == len(export_onnx.CHECK_SENTENCES) and len(set(shapes)) == len(shapes)
+    assert len({shape[1] for shape in shapes}) == len(shapes)  # other batch sizes and other widths
+    assert not batches[1]["attention_mask"].all()  # padded rows of different lengths
+    assert [int(b["first_subwords"].sum()) for b in batches[1:]] == [
+        sum(len(export_onnx.CHECK_SENTENCES[i].split()) for i in rows) for rows in export_onnx.CHECK_SHAPES]
+
+
+def test_int8_agreement_counts_words_and_entity_words_apart():
+    """[CLS] O O [SEP] pad with a disagreement on [CLS], [SEP] and a continuation: not counted."""
+    outside, per = 0, 1
+    reference = np.eye(3)[[[0, 0, per, per, 0, 0]]]  # logits: [CLS] O B-PER I-PER(cont.) [SEP] pad
+    first = np.array([[False, True, True, False, False, False]])
+    assert export_onnx.int8_agreement(export_onnx.word_tags(np.eye(3)[[[2, 0, per, 2, 2, 2]]], first),
+                                      export_onnx.word_tags(reference, first), outside) == (1.0, 1.0, 1)
+    flipped = export_onnx.word_tags(np.eye(3)[[[0, 0, 0, per, 0, 0]]], first)  # the entity word lost
+    assert export_onnx.int8_agreement(flipped, export_onnx.word_tags(reference, first), outside) == (0.5, 0.0, 1)
+    all_o = export_onnx.word_tags(np.eye(3)[[[0, 0, 0, 0, 0, 0]]], first)
+    assert export_onnx.int8_agreement(all_o, all_o, outside) == (1.0, None, 0)
 
 
 def test_export_source_must_be_a_checkpoint_or_an_export(random_model, tmp_path, capsys):

@@ -157,9 +157,7 @@ class TrainConfig:
             raise UserError(f"--learning-rate must be positive, or 0 for auto (got {self.learning_rate})")
         if self.num_epochs < 0:
             raise UserError(f"--num-epochs must be positive, or 0 for auto (got {self.num_epochs})")
-        if self.max_seq_length < 8:
-            raise UserError(f"--max-seq-length {self.max_seq_length} is too small: "
-                            "a window needs [CLS], [SEP] and a few words (use 8 or more)")
+        check_max_seq_length(self.max_seq_length)
         if 2 * self.context_tokens >= self.max_seq_length - 2:
             raise UserError(f"--context-tokens {self.context_tokens} leaves no room in a window of "
                             f"--max-seq-length {self.max_seq_length} (use less than {(self.max_seq_length - 2) // 2})")
@@ -267,6 +265,19 @@ DEFAULT_MAX_SENTENCES, DEFAULT_MAX_TOKENS = inference_batch_limits(AUTO_SENTENCE
 RUNTIMES = ("torch", "onnx", "onnx-int8")  # what computes the logits at inference (ner/runtime.py)
 
 
+MIN_SEQ_LENGTH = 8  # [CLS], [SEP] and a few words
+
+
+def check_max_seq_length(value: int, max_positions: int | None = None) -> None:
+    """Training and inference windows: at least MIN_SEQ_LENGTH tokens, at most the model's positions."""
+    if value < MIN_SEQ_LENGTH:
+        raise UserError(f"--max-seq-length {value} is too small: a window needs [CLS], [SEP] and a few words "
+                        f"(use {MIN_SEQ_LENGTH} or more" + (f", up to {max_positions})" if max_positions else ")"))
+    if max_positions is not None and value > max_positions:
+        raise UserError(f"--max-seq-length {value} is longer than the model's {max_positions} positions "
+                        f"(use {MIN_SEQ_LENGTH} to {max_positions})")
+
+
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     """How an exported model is run (ner.predict, ner.evaluate, ner.serve); defaults: as it was trained."""
     parser.add_argument("--max-seq-length", type=int, default=None,
@@ -280,8 +291,9 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mixed-precision", choices=("auto", "no", "bf16"), default="auto",
                         help="autocast dtype (default: auto, bf16 where supported)")
     parser.add_argument("--runtime", choices=RUNTIMES, default="torch",
-                        help="torch (default); onnx / onnx-int8: onnxruntime on the CPU over model.onnx / "
-                             "model.int8.onnx, written by python -m ner.export MODEL_DIR OUT --onnx --quantize int8")
+                        help="torch (default); onnx / onnx-int8: onnxruntime (CUDA where it has the provider and "
+                             "the device is a GPU, else the CPU) over model.onnx / model.int8.onnx, written by "
+                             "python -m ner.export MODEL_DIR OUT --onnx --quantize int8")
 
 
 def add_data_arguments(parser: argparse.ArgumentParser) -> None:

@@ -23,7 +23,14 @@ import torch
 
 from ner.backends import Backend, autocast_for, default_device, resolve_precision
 from ner.batching import inference_batches
-from ner.config import DEFAULT_MAX_SENTENCES, DEFAULT_MAX_TOKENS, RUNTIMES, TrainConfig, inference_batch_limits
+from ner.config import (
+    DEFAULT_MAX_SENTENCES,
+    DEFAULT_MAX_TOKENS,
+    RUNTIMES,
+    TrainConfig,
+    check_max_seq_length,
+    inference_batch_limits,
+)
 from ner.data import Example
 from ner.decode import Decoder, scheme_of_labels
 from ner.encode import (
@@ -125,6 +132,16 @@ class ModelSettings:
         return cls(**{name: saved[name] for name in names if saved.get(name) is not None})
 
 
+def max_positions(config, tokenizer) -> int | None:
+    """Tokens a window may hold: the position embeddings, or the tokenizer's limit where smaller (RoBERTa's
+    config counts 514 positions, 2 of them reserved; its tokenizer says 512)."""
+    positions = getattr(config, "max_position_embeddings", None)
+    stated = getattr(tokenizer, "model_max_length", None)
+    if positions is None or not stated or stated > positions:
+        return positions
+    return stated
+
+
 class Tagger:
     """An exported model folder on one device, ready to tag lists of words.
 
@@ -155,6 +172,7 @@ class Tagger:
         self.label2id = {v: k for k, v in self.id2label.items()}
         self.settings = ModelSettings.of(model_dir)
         self.max_seq_length = max_seq_length or self.settings.max_seq_length
+        check_max_seq_length(self.max_seq_length, max_positions(config, self.tokenizer))
         self.pad_to_multiple_of = pad_to_multiple_of
         self.context = context
         labels = tuple(self.id2label[i] for i in range(len(self.id2label)))
@@ -163,7 +181,7 @@ class Tagger:
 
     def _load_runtime(self, model_dir: Path, num_labels: int) -> Runtime:
         if self.runtime_name != "torch":  # the ONNX file alone: the PyTorch weights are never loaded
-            return OnnxRuntime(onnx_path(model_dir, self.runtime_name), num_labels)
+            return OnnxRuntime(onnx_path(model_dir, self.runtime_name), num_labels, self.device)
         from transformers import AutoModelForTokenClassification
 
         model = AutoModelForTokenClassification.from_pretrained(model_dir).eval().to(self.device)

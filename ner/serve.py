@@ -12,7 +12,8 @@ offsets, end exclusive. Requests that arrive within --max-wait-ms of each other 
 to --max-batch-texts texts and --max-batch-words words); each text is still tagged on its own, so an answer
 does not depend on what shared its batch. Bad requests get {"error": "..."}: 422 (not JSON, wrong shape
 or type), 413 (body over --max-request-bytes, or more than --max-texts texts). SIGTERM or Ctrl-C stops
-taking new connections, answers the requests in flight, then exits.
+taking new connections, answers the requests in flight, then exits. GET /health: the model, its labels and
+types, and "in_flight" (requests received, not yet answered). GET /openapi.json documents the bodies.
 """
 
 
@@ -187,8 +188,49 @@ def health_info(tagger, model_dir: Path) -> dict:
             "types": sorted({label[2:] for label in labels if label != "O"})}
 
 
+def predict_openapi() -> dict:
+    """What /openapi.json says of POST /predict: the body shapes parse_texts accepts, the answers, the errors.
+
+    Documentation only: a pydantic body parameter would have FastAPI read the whole body before the
+    --max-request-bytes cap (read_body refuses while streaming) and answer with its own 422 messages,
+    and a response_model would re-serialise the answers; so the body is parsed by hand as before."""
+    from pydantic import BaseModel, ConfigDict, Field
+
+    class OneText(BaseModel):
+        model_config = ConfigDict(extra="forbid", title="OneText")
+        text: str = Field(description="raw text; answered with {\"entities\": [...]}")
+
+    class ManyTexts(BaseModel):
+        model_config = ConfigDict(extra="forbid", title="ManyTexts")
+        texts: list[str] = Field(description="raw texts (at most --max-texts); answered with {\"results\": [...]}")
+
+    class Entity(BaseModel):
+        text: str = Field(description="the entity as it appears: the request's text[start:end]")
+        type: str = Field(description="entity type, e.g. PER (GET /health lists them)")
+        start: int = Field(description="first character, counted in code points")
+        end: int = Field(description="one past the last character")
+        score: float = Field(description="mean probability of the entity's word tags")
+
+    class Entities(BaseModel):
+        entities: list[Entity]
+
+    class Results(BaseModel):
+        results: list[Entities] = Field(description="one per text, in order")
+
+    class Error(BaseModel):
+        error: str
+
+    body = {"oneOf": [OneText.model_json_schema(), ManyTexts.model_json_schema()]}
+    errors = {413: "body over --max-request-bytes, or more than --max-texts texts",
+              422: "not JSON, or not exactly one of \"text\" (a string) and \"texts\" (strings)",
+              500: "the batch failed (the server log says why); the server goes on"}
+    return {"openapi_extra": {"requestBody": {"required": True, "content": {"application/json": {"schema": body}}}},
+            "responses": {200: {"model": Entities | Results, "description": "entities with character offsets"},
+                          **{status: {"model": Error, "description": why} for status, why in errors.items()}}}
+
+
 def create_app(tagger, model_dir: Path, limits: Limits = Limits()):
-    """The FastAPI app: GET / (the page), GET /health, POST /predict; errors are {"error": ...}."""
+    """The FastAPI app: GET / (the page), GET /health, POST /predict, GET /openapi.json; errors are {"error": ...}."""
     from fastapi import FastAPI, Request
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import HTMLResponse, JSONResponse
@@ -224,10 +266,19 @@ def create_app(tagger, model_dir: Path, limits: Limits = Limits()):
 
     @app.get("/health")
     async def health() -> dict:
-        return info
+        return {**info, "in_flight": in_flight[0]}
 
-    @app.post("/predict")
+    in_flight = [0]  # /predict requests received and not yet answered: what a drain waits for
+
+    @app.post("/predict", **predict_openapi())
     async def predict(request: Request):
+        in_flight[0] += 1
+        try:
+            return await answer(request)
+        finally:
+            in_flight[0] -= 1
+
+    async def answer(request):
         texts, single = parse_texts(await read_body(request, limits.max_request_bytes), limits.max_texts)
         try:
             results = await batcher.submit(texts) if texts else []
@@ -247,30 +298,6 @@ def check_port_free(host: str, port: int) -> None:
             probe.bind((host, port))
     except OSError as exc:
         raise UserError(f"{host}:{port}: cannot listen there ({exc.strerror}); pass another --port or --host") from None
-
-
-def free_local_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on now, for a server started by a script or a test."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def wait_until_healthy(url: str, process, timeout_s: float) -> bool:
-    """True once GET {url}/health answers 200; False if `process` (the server, a Popen) exits or
-    `timeout_s` passes first. For scripts and tests that start `python -m ner.serve`; each fails its own way."""
-    import time
-
-    import httpx
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and process.poll() is None:
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return True
-        except httpx.TransportError:
-            time.sleep(0.2)
-    return False
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -28,7 +28,7 @@ from urllib.parse import urlparse
 import httpx
 import numpy as np
 
-from ner.serve import free_local_port, wait_until_healthy
+from ner.testing import free_local_port, wait_until_healthy
 
 TEXTS = [
     "Angela Merkel met Emmanuel Macron in Paris on Tuesday.",

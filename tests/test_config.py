@@ -51,6 +51,17 @@ def test_validation(argv, message):
         parse_config(argv)
 
 
+def test_max_seq_length_range_names_the_value_and_the_bounds():
+    from ner.config import check_max_seq_length
+
+    check_max_seq_length(8)
+    check_max_seq_length(512, max_positions=512)
+    with pytest.raises(UserError, match=r"--max-seq-length 7 is too small.*use 8 or more, up to 512\)"):
+        check_max_seq_length(7, max_positions=512)
+    with pytest.raises(UserError, match=r"--max-seq-length 513 is longer than the model's 512 positions \(use 8 to"):
+        check_max_seq_length(513, max_positions=512)
+
+
 REQUIRED_FLAGS = ["--model", "--train-file", "--validation-file", "--test-file", "--output-dir", "--num-epochs",
                   "--max-steps", "--batch-size", "--gradient-accumulation-steps", "--learning-rate", "--warmup-ratio",
                   "--weight-decay", "--lr-scheduler", "--max-seq-length", "--seed", "--mixed-precision",

@@ -12,6 +12,7 @@ import torch
 pytest.importorskip("onnxruntime")
 
 from ner import export_onnx  # noqa: E402
+from ner import runtime as runtimes  # noqa: E402
 from ner.data import read_conll  # noqa: E402
 from ner.evaluate import main as evaluate_main  # noqa: E402
 from ner.export import main as export_main  # noqa: E402
@@ -61,7 +62,8 @@ def onnx_logits(path, input_ids, attention_mask):
 
 
 def test_export_parity_on_new_shapes(exported):
-    """Dynamic batch and sequence axes: shapes unlike the export's, fp32 within 1e-3, int8 argmax >= 99%."""
+    """Dynamic batch and sequence axes: shapes unlike the export's, fp32 within 1e-3, int8 argmax >= 99% of
+    attended tokens (random ids: no words to count)."""
     from transformers import AutoModelForTokenClassification
 
     model = AutoModelForTokenClassification.from_pretrained(exported).eval()
@@ -122,7 +124,8 @@ def test_corrupt_onnx_file_is_a_one_line_error(main, exported, tiny_data, tmp_pa
 
 
 @pytest.mark.parametrize("setting, value, says", [("MAX_LOGIT_DIFF", -1.0, "differs from PyTorch"),
-                                                   ("MIN_INT8_AGREEMENT", 1.01, "int8 ONNX model agrees")])
+                                                   ("MIN_INT8_WORD_AGREEMENT", 1.01, "int8 ONNX model agrees"),
+                                                   ("MIN_INT8_ENTITY_AGREEMENT", 1.01, "int8 ONNX model agrees")])
 def test_export_that_fails_its_check_leaves_nothing(exported, tmp_path, monkeypatch, capsys, setting, value, says):
     monkeypatch.setattr(export_onnx, setting, value)
     out = tmp_path / "out"
@@ -131,6 +134,94 @@ def test_export_that_fails_its_check_leaves_nothing(exported, tmp_path, monkeypa
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_graph_wrong_only_at_another_shape_is_refused(exported, tmp_path, monkeypatch, capsys):
+    """Right on the traced batch (12 rows), off on the 3-row batch of another width: the export is refused."""
+    run = export_onnx.run_session
+
+    def wrong_at_three_rows(path, inputs):
+        logits = run(path, inputs)
+        return logits + 0.5 if inputs["input_ids"].shape[0] == 3 else logits
+
+    monkeypatch.setattr(export_onnx, "run_session", wrong_at_three_rows)
+    assert export_main([str(exported), str(tmp_path / "out"), "--onnx"]) == 2
+    err = one_line_error(capsys)
+    assert "differs from PyTorch: max |logit difference| 5.00e-01" in err and "(batch of 3 x " in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_check_shapes_differ_from_the_traced_batch(exported):
+    from transformers import AutoTokenizer
+
+    batches = export_onnx.check_batches(AutoTokenizer.from_pretrained(exported))
+    shapes = [b["input_ids"].shape for b in batches]
+    assert shapes[0][0] == len(export_onnx.CHECK_SENTENCES) and len(set(shapes)) == len(shapes)
+    assert len({shape[1] for shape in shapes}) == len(shapes)  # other batch sizes and other widths
+    assert not batches[1]["attention_mask"].all()  # padded rows of different lengths
+    assert [int(b["first_subwords"].sum()) for b in batches[1:]] == [
+        sum(len(export_onnx.CHECK_SENTENCES[i].split()) for i in rows) for rows in export_onnx.CHECK_SHAPES]
+
+
+def test_int8_agreement_counts_words_and_entity_words_apart():
+    """[CLS] O O [SEP] pad with a disagreement on [CLS], [SEP] and a continuation: not counted."""
+    outside, per = 0, 1
+    reference = np.eye(3)[[[0, 0, per, per, 0, 0]]]  # logits: [CLS] O B-PER I-PER(cont.) [SEP] pad
+    first = np.array([[False, True, True, False, False, False]])
+    assert export_onnx.int8_agreement(export_onnx.word_tags(np.eye(3)[[[2, 0, per, 2, 2, 2]]], first),
+                                      export_onnx.word_tags(reference, first), outside) == (1.0, 1.0, 1)
+    flipped = export_onnx.word_tags(np.eye(3)[[[0, 0, 0, per, 0, 0]]], first)  # the entity word lost
+    assert export_onnx.int8_agreement(flipped, export_onnx.word_tags(reference, first), outside) == (0.5, 0.0, 1)
+    all_o = export_onnx.word_tags(np.eye(3)[[[0, 0, 0, 0, 0, 0]]], first)
+    assert export_onnx.int8_agreement(all_o, all_o, outside) == (1.0, None, 0)
+
+
 def test_export_source_must_be_a_checkpoint_or_an_export(random_model, tmp_path, capsys):
     assert export_main([str(random_model), str(tmp_path / "out"), "--onnx"]) == 2
     assert "neither a checkpoint" in one_line_error(capsys)
+
+
+@pytest.mark.parametrize("available, device_type, expected", [
+    (["CUDAExecutionProvider", "CPUExecutionProvider"], "cuda", ["CUDAExecutionProvider", "CPUExecutionProvider"]),
+    (["CUDAExecutionProvider", "CPUExecutionProvider"], "cpu", ["CPUExecutionProvider"]),
+    (["AzureExecutionProvider", "CPUExecutionProvider"], "cuda", ["CPUExecutionProvider"]),
+    (["CPUExecutionProvider"], "mps", ["CPUExecutionProvider"]),
+])
+def test_onnx_provider_follows_the_device_where_onnxruntime_has_it(available, device_type, expected):
+    assert runtimes.onnx_providers(available, device_type) == expected
+
+
+@pytest.mark.parametrize("omp, torch_threads, quota, expected", [
+    ("3", 16, 2.0, 3),     # the user's OMP_NUM_THREADS wins (torch reads it too)
+    (None, 16, 2.5, 3),    # torch's count, capped by a 2.5-CPU quota (rounded up)
+    ("", 4, None, 4),      # no quota: torch's count
+    ("0", 8, None, 8),     # not a thread count: ignored
+    ("two", 1, 0.2, 1),    # at least one thread
+])
+def test_onnx_threads_follow_omp_num_threads_then_torch_within_the_quota(omp, torch_threads, quota, expected):
+    assert runtimes.onnx_threads(omp, torch_threads, quota) == expected
+
+
+def test_cgroup_cpu_quota_reads_v2_and_v1(tmp_path):
+    v2 = tmp_path / "v2"
+    v2.mkdir()
+    (v2 / "cpu.max").write_text("150000 100000\n")
+    assert runtimes.cgroup_cpu_quota(v2) == 1.5
+    (v2 / "cpu.max").write_text("max 100000\n")
+    assert runtimes.cgroup_cpu_quota(v2) is None
+    v1 = tmp_path / "v1" / "cpu"
+    v1.mkdir(parents=True)
+    (v1 / "cpu.cfs_quota_us").write_text("200000\n")
+    (v1 / "cpu.cfs_period_us").write_text("100000\n")
+    assert runtimes.cgroup_cpu_quota(tmp_path / "v1") == 2.0
+    (v1 / "cpu.cfs_quota_us").write_text("-1\n")
+    assert runtimes.cgroup_cpu_quota(tmp_path / "v1") is None
+    assert runtimes.cgroup_cpu_quota(tmp_path / "nowhere") is None
+
+
+def test_onnx_session_takes_the_thread_count_and_says_when_a_gpu_is_not_used(exported, monkeypatch, caplog):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    session = runtimes.onnx_session(exported / "model.onnx")
+    assert session.get_session_options().intra_op_num_threads == 1
+    monkeypatch.setattr("onnxruntime.get_available_providers", lambda: ["CPUExecutionProvider"])
+    gpu = runtimes.onnx_session(exported / "model.onnx", torch.device("cuda"))
+    assert gpu.get_providers() == ["CPUExecutionProvider"]
+    assert "ONNX runs on the CPU" in caplog.text

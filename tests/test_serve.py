@@ -20,7 +20,8 @@ httpx = pytest.importorskip("httpx")
 from conftest import ROOT  # noqa: E402
 from fastapi.testclient import TestClient  # noqa: E402
 
-from ner.serve import Limits, MicroBatcher, create_app, free_local_port, wait_until_healthy  # noqa: E402
+from ner.serve import Limits, MicroBatcher, create_app  # noqa: E402
+from ner.testing import free_local_port, wait_until_healthy  # noqa: E402
 
 TEXTS = ["Ada Lovelace visited London on Monday.", "", "Café \U0001F600 北京 a\u200bb\tc",
          "Shares of Acme Corp rose in Paris after Alan Turing spoke."]
@@ -82,14 +83,69 @@ def chunks(data: bytes):
     (b'{"txt": "a"}', 422, "exactly one key"),
     (b'{"text": "\\ud800"}', 422, "surrogate"),
     (b'{"texts": ["a", "b", "c", "d", "e"]}', 413, "--max-texts"),
-    (json.dumps({"text": "x" * 3000}).encode(), 413, "--max-request-bytes"),
-    (chunks(json.dumps({"text": "x" * 3000}).encode()), 413, "--max-request-bytes"),
+    # 3012 bytes: refused from Content-Length before reading, or (sent chunked) once the read passes the cap
+    (json.dumps({"text": "x" * 3000}).encode(), 413, "request body is 3012 bytes; the limit is 2000 (--max-request"),
+    (chunks(json.dumps({"text": "x" * 3000}).encode()), 413, "request body is over 2000 bytes (--max-request-bytes)"),
 ])
 def test_bad_requests_get_a_json_error_and_the_server_goes_on(client, body, status, says):
     response = client.post("/predict", content=body, headers={"content-type": "application/json"})
     assert response.status_code == status
     assert says in response.json()["error"]
     assert client.post("/predict", json={"text": "Ada Lovelace"}).status_code == 200
+
+
+class FailsOnBoom:
+    """A tagger whose batch fails when it holds the text "boom"."""
+
+    id2label = {0: "O", 1: "B-PER", 2: "I-PER"}
+
+    def predict(self, texts: list[str]) -> list[dict]:
+        if "boom" in texts:
+            raise RuntimeError("boom")
+        return [{"entities": []} for _ in texts]
+
+
+def test_a_failing_batch_answers_500_and_the_server_goes_on(random_model, caplog):
+    with TestClient(create_app(FailsOnBoom(), random_model, Limits(max_wait_ms=1))) as test_client:
+        failed = test_client.post("/predict", json={"text": "boom"})
+        assert failed.status_code == 500
+        assert failed.json() == {"error": "prediction failed (see the server log)"}
+        assert "prediction failed" in caplog.text and "RuntimeError: boom" in caplog.text
+        assert not test_client.app.state.batcher.task.done()  # the batching loop goes on
+        after = test_client.post("/predict", json={"texts": ["fine", "also fine"]})
+        assert after.status_code == 200 and after.json() == {"results": [{"entities": []}] * 2}
+        assert test_client.get("/health").json()["in_flight"] == 0
+
+
+def resolve(spec: dict, schema: dict) -> dict:
+    """`schema` with its $ref into the document's components followed, recursively."""
+    if "$ref" in schema:
+        return resolve(spec, spec["components"]["schemas"][schema["$ref"].rsplit("/", 1)[1]])
+    return {k: [resolve(spec, s) for s in v] if k in ("oneOf", "anyOf") else
+            {name: resolve(spec, p) for name, p in v.items()} if k == "properties" else
+            resolve(spec, v) if k == "items" else v for k, v in schema.items()}
+
+
+def test_openapi_documents_the_predict_body_and_answers(client):
+    spec = client.get("/openapi.json").json()
+    post = spec["paths"]["/predict"]["post"]
+    body = resolve(spec, post["requestBody"]["content"]["application/json"]["schema"])
+    assert post["requestBody"]["required"] is True
+    shapes = {tuple(s["required"]): s for s in body["oneOf"]}
+    assert shapes[("text",)]["properties"]["text"]["type"] == "string"
+    assert shapes[("texts",)]["properties"]["texts"] == {**shapes[("texts",)]["properties"]["texts"],
+                                                         "type": "array", "items": {"type": "string"}}
+    assert all(s["additionalProperties"] is False for s in body["oneOf"])  # exactly one key
+    answers = resolve(spec, post["responses"]["200"]["content"]["application/json"]["schema"])["anyOf"]
+    one = next(a for a in answers if "entities" in a["properties"])
+    entity = one["properties"]["entities"]["items"]
+    assert set(entity["required"]) == {"text", "type", "start", "end", "score"}
+    assert entity["properties"]["start"]["type"] == "integer" and entity["properties"]["score"]["type"] == "number"
+    many = next(a for a in answers if "results" in a["properties"])
+    assert many["properties"]["results"]["items"] == one
+    for status in ("413", "422", "500"):
+        error = resolve(spec, post["responses"][status]["content"]["application/json"]["schema"])
+        assert error["properties"]["error"]["type"] == "string"
 
 
 def test_unknown_routes_and_methods_answer_json(client):
@@ -139,9 +195,17 @@ def start_server(model_dir, *extra: str) -> tuple[subprocess.Popen, str]:
     pytest.fail("server did not come up in 120 s")
 
 
-def post_all(url: str, payloads: list[dict]) -> list[httpx.Response]:
+def connected_clients(url: str, count: int) -> list[httpx.Client]:
+    """Clients whose keep-alive connection is open already (httpx connects on the first request)."""
+    clients = [httpx.Client(base_url=url, timeout=60) for _ in range(count)]
+    for client in clients:
+        assert client.get("/health").status_code == 200
+    return clients
+
+
+def post_all(url: str, payloads: list[dict], clients: list[httpx.Client] | None = None) -> list[httpx.Response]:
     """Every payload at once, one thread (one client, connected beforehand) each."""
-    clients = [httpx.Client(base_url=url, timeout=60) for _ in payloads]
+    clients = clients or connected_clients(url, len(payloads))
     responses: list = [None] * len(payloads)
 
     def send(i: int) -> None:
@@ -157,6 +221,14 @@ def post_all(url: str, payloads: list[dict]) -> list[httpx.Response]:
     return responses
 
 
+def wait_for_in_flight(url: str, count: int, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    with httpx.Client(base_url=url, timeout=5) as probe:
+        while probe.get("/health").json()["in_flight"] < count:
+            assert time.monotonic() < deadline, f"{count} requests were never in flight at once"
+            time.sleep(0.01)
+
+
 def test_uvicorn_concurrent_answers_equal_answers_alone_and_sigterm_drains(random_model, tagger):
     # --max-wait-ms 1500: concurrent requests surely share batches, and are surely in flight at SIGTERM.
     process, url = start_server(random_model, "--max-wait-ms", "1500")
@@ -168,9 +240,11 @@ def test_uvicorn_concurrent_answers_equal_answers_alone_and_sigterm_drains(rando
         assert [r.status_code for r in together] == [200] * 16
         assert [r.json() for r in together] == alone
         in_flight: list = []
-        sender = threading.Thread(target=lambda: in_flight.extend(post_all(url, [{"text": t} for t in texts[:6]])))
+        clients = connected_clients(url, 6)
+        sender = threading.Thread(target=lambda: in_flight.extend(post_all(url, [{"text": t} for t in texts[:6]],
+                                                                           clients)))
         sender.start()
-        time.sleep(0.7)  # sent, and waiting out --max-wait-ms inside the server
+        wait_for_in_flight(url, 6)  # all six received, and waiting out --max-wait-ms inside the server
         process.send_signal(signal.SIGTERM)
         sender.join(60)
         assert [r.status_code for r in in_flight] == [200] * 6
@@ -205,3 +279,24 @@ def test_serve_runs_the_model_as_it_was_trained(random_model, tmp_path):
     assert tagger.max_seq_length == 32 and tagger.decoder.method == "argmax"
     overridden = Tagger.from_args(build_parser().parse_args([str(trained), "--max-seq-length", "64"]))
     assert overridden.max_seq_length == 64
+
+
+@pytest.mark.parametrize("value, says", [
+    ("4", "--max-seq-length 4 is too small: a window needs [CLS], [SEP] and a few words (use 8 or more, up to 128)"),
+    ("129", "--max-seq-length 129 is longer than the model's 128 positions (use 8 to 128)"),
+])
+def test_max_seq_length_outside_the_model_is_a_user_error(random_model, value, says):
+    """Checked where every inference command (predict, evaluate, serve) builds its Tagger; the tiny BERT has
+    128 positions. A UserError is one line and exit code 2 (ner/errors.py)."""
+    from ner.errors import UserError
+    from ner.infer import Tagger
+    from ner.serve import build_parser
+
+    def tagger_with(length: str) -> Tagger:
+        return Tagger.from_args(build_parser().parse_args([str(random_model), "--max-seq-length", length,
+                                                           "--mixed-precision", "no"]))
+
+    with pytest.raises(UserError) as info:
+        tagger_with(value)
+    assert str(info.value) == says
+    assert tagger_with("128").max_seq_length == 128

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,8 +25,8 @@ import torch
 from ner.backends import Backend, autocast_for, default_device, resolve_precision
 from ner.batching import inference_batches
 from ner.config import DEFAULT_MAX_SENTENCES, DEFAULT_MAX_TOKENS, RUNTIMES, TrainConfig, inference_batch_limits
-from ner.data import Example
-from ner.decode import Decoder, scheme_of_labels
+from ner.data import Example, scheme_of_labels
+from ner.decode import Decoder
 from ner.encode import (
     Feature,
     collate,
@@ -38,6 +39,8 @@ from ner.errors import UserError
 from ner.metrics import entity_scores
 from ner.runtime import OnnxRuntime, TorchRuntime, onnx_path
 from ner.text import Word, split_words
+
+log = logging.getLogger("ner")
 
 Progress = Callable  # tqdm-like: progress(iterable, desc=..., leave=...) -> iterable
 Runtime = TorchRuntime | OnnxRuntime  # runtime(input_ids, attention_mask) -> logits (ner/runtime.py)
@@ -158,8 +161,11 @@ class Tagger:
         self.pad_to_multiple_of = pad_to_multiple_of
         self.context = context
         labels = tuple(self.id2label[i] for i in range(len(self.id2label)))
-        self.decoder = Decoder(labels, self.settings.tag_scheme or scheme_of_labels(list(labels)),
-                               decode or self.settings.decode)
+        scheme = self.settings.tag_scheme or scheme_of_labels(labels)
+        if scheme == "iob":
+            log.warning("%s: no training_args.json, and its labels fit IOB1 and IOB2 alike: decoded with no "
+                        "transition rule (as --decode argmax); entities read leniently", model_dir)
+        self.decoder = Decoder(labels, scheme, decode or self.settings.decode)
 
     def _load_runtime(self, model_dir: Path, num_labels: int) -> Runtime:
         if self.runtime_name != "torch":  # the ONNX file alone: the PyTorch weights are never loaded

@@ -212,16 +212,29 @@ class Tagger:
         examples = [Example([w for w, _, _ in words], ["O"] * len(words), "<text>", document=i)
                     for i, words in enumerate(split)]
         tags, probs = self.tag(examples, max_sentences, max_tokens, progress)
-        return [{"entities": char_entities(text, words, t, p)} for text, words, t, p in zip(texts, split, tags, probs)]
+        return [{"entities": entities(t, p, words, text)} for text, words, t, p in zip(texts, split, tags, probs)]
 
 
-def char_entities(text: str, words: list[Word], tags: list[str], probs: np.ndarray) -> list[dict]:
-    """Word-level entities (seqeval's reading of the tags) as character spans of `text`."""
+def entities(tags: list[str], probs: np.ndarray, words: list[Word], text: str | None = None) -> list[dict]:
+    """Word-level entities (seqeval's reading of the tags), each {"text", "type", "start", "end", "score"}:
+    `start` of its first word, `end` of its last, `score` the mean probability of its tags. The one
+    tags -> entities step of inference.
+
+    Raw text: `words` as split from `text` (character offsets), and "text" is `text[start:end]`.
+    Words given (no `text`): `words` as `(word, i, i + 1)`, so start/end are word indices, and "text"
+    is the entity's words joined by spaces.
+    """
     from seqeval.metrics.sequence_labeling import get_entities
 
     found = []
     for kind, first, last in get_entities(tags):
         start, end = words[first][1], words[last][2]
-        found.append({"text": text[start:end], "type": kind, "start": start, "end": end,
+        span = text[start:end] if text is not None else " ".join(word for word, _, _ in words[first:last + 1])
+        found.append({"text": span, "type": kind, "start": start, "end": end,
                       "score": round(float(probs[first:last + 1].mean()), 4)})
     return found
+
+
+def word_positions(words: list[str]) -> list[Word]:
+    """Words with their indices as positions, for `entities` over words given without a text."""
+    return [(word, i, i + 1) for i, word in enumerate(words)]

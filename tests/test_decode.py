@@ -158,3 +158,29 @@ def test_an_iob1_model_folder_without_training_args_is_decoded_under_iob1(random
     config["label2id"] = {label: i for i, label in enumerate(iob1_labels)}
     (iob1 / "config.json").write_text(json.dumps(config))
     assert Tagger(iob1, device="cpu", precision="no").decoder.scheme == "iob1"
+
+
+def test_tags_to_entities_by_characters_or_by_word_indices():
+    """The one tags -> entities step (infer.entities): raw text gets character offsets, given words get indices."""
+    from ner.infer import entities, word_positions
+    from ner.text import split_words
+
+    text = "Ada  Lovelace met Grace Hopper."
+    tags = ["B-PER", "I-PER", "O", "I-PER", "B-PER", "O"]  # seqeval's reading: I- after O starts an entity
+    probs = np.array([0.9, 0.7, 1.0, 0.5, 0.6, 1.0], dtype=np.float32)
+    words = split_words(text)
+    assert entities(tags, probs, words, text) == [
+        {"text": "Ada  Lovelace", "type": "PER", "start": 0, "end": 13, "score": 0.8},
+        {"text": "Grace", "type": "PER", "start": 18, "end": 23, "score": 0.5},
+        {"text": "Hopper", "type": "PER", "start": 24, "end": 30, "score": 0.6}]
+    assert entities(tags, probs, word_positions([w for w, _, _ in words])) == [
+        {"text": "Ada Lovelace", "type": "PER", "start": 0, "end": 2, "score": 0.8},
+        {"text": "Grace", "type": "PER", "start": 3, "end": 4, "score": 0.5},
+        {"text": "Hopper", "type": "PER", "start": 4, "end": 5, "score": 0.6}]
+
+
+def test_entity_types_of_a_label_list():
+    from ner.data import entity_types
+
+    assert entity_types(["O", "B-PER", "I-PER", "S-LOC", "E-MISC", "B-ORG-X"]) == ["LOC", "MISC", "ORG-X", "PER"]
+    assert entity_types(["O"]) == []

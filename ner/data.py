@@ -245,23 +245,48 @@ def read_hf_dataset(name_or_dir: str, split: str, columns: Columns = Columns()) 
 
 # ----------------------------------------------------------------------------- tag schemes
 
-def _split_tag(tag: str) -> tuple[str, str]:
+def split_tag(tag: str) -> tuple[str, str]:
+    """(prefix, type): ("B", "PER") for B-PER, ("O", "") for O. The one tag parser."""
     return ("O", "") if tag == "O" else (tag[0], tag[2:])
+
+
+def entity_types(labels: Iterable[str]) -> list[str]:
+    """The entity types a label list names, sorted: PER for B-PER, I-PER, ..."""
+    return sorted({split_tag(label)[1] for label in labels} - {""})
 
 
 def detect_scheme(examples: list[Example]) -> str:
     """IOBES if E-/S- occur; IOB1 if an I- tag starts an entity; otherwise IOB2."""
-    iob1 = False
+    if scheme_of_labels({tag for example in examples for tag in example.tags}) == "iobes":
+        return "iobes"
     for example in examples:
-        previous = "O"
+        previous_kind = ""
         for tag in example.tags:
-            prefix, kind = _split_tag(tag)
-            if prefix in "ES":
-                return "iobes"
-            if prefix == "I" and _split_tag(previous)[1] != kind:
-                iob1 = True
-            previous = tag
-    return "iob1" if iob1 else "iob2"
+            prefix, kind = split_tag(tag)
+            if prefix == "I" and previous_kind != kind:
+                return "iob1"
+            previous_kind = kind
+    return "iob2"
+
+
+def scheme_of_labels(labels: Iterable[str]) -> str:
+    """A model's tag scheme from its label list alone, for exports that do not record it.
+
+    E-/S- labels: iobes. A type with I- but no B- can only be IOB1 (IOB2 starts every entity with
+    B-); one with B- but no I- only IOB2 (IOB1 starts an entity with I- unless it follows one of
+    its type). Otherwise the two schemes have the same labels and nothing tells them apart:
+    "iob", which the decoder reads as either (no transition is forbidden, so Viterbi is argmax)
+    and seqeval reads leniently, as it reads IOB1 and IOB2.
+    """
+    parts = {split_tag(label) for label in labels}
+    if any(prefix in "ES" for prefix, _ in parts):
+        return "iobes"
+    kinds = {kind for _, kind in parts} - {""}
+    if any(("I", kind) in parts and ("B", kind) not in parts for kind in kinds):
+        return "iob1"
+    if any(("B", kind) in parts and ("I", kind) not in parts for kind in kinds):
+        return "iob2"
+    return "iob" if kinds else "iob2"
 
 
 def to_iob2(tags: list[str]) -> list[str]:
@@ -269,7 +294,7 @@ def to_iob2(tags: list[str]) -> list[str]:
     out = []
     previous_kind = ""
     for tag in tags:
-        prefix, kind = _split_tag(tag)
+        prefix, kind = split_tag(tag)
         if prefix in "BS" or (prefix in "IE" and kind != previous_kind):
             out.append(f"B-{kind}")
         elif prefix in "IE":
@@ -284,7 +309,7 @@ def to_iobes(tags: list[str]) -> list[str]:
     iob2 = to_iob2(tags)
     out = []
     for i, tag in enumerate(iob2):
-        prefix, kind = _split_tag(tag)
+        prefix, kind = split_tag(tag)
         continues = i + 1 < len(iob2) and iob2[i + 1] == f"I-{kind}"
         if prefix == "B":
             out.append(f"B-{kind}" if continues else f"S-{kind}")

@@ -8,25 +8,34 @@ cost). It only masks transitions, so wherever argmax is already valid the two ag
     IOB1   B-X only after B-X or I-X (it separates two adjacent entities of one type); I-X anywhere.
     IOBES  B-X and I-X go on to I-X or E-X; E-X, S-X and O go on to O, B-* or S-*; a sentence
            starts with O, B-* or S-* and ends with O, E-* or S-*.
+    IOB    IOB1 or IOB2, not known which (a model folder without training_args.json whose labels fit
+           both, see data.scheme_of_labels): every sequence is allowed, so Viterbi is argmax.
+
+A label set can leave no valid sequence at all (an IOBES set without O whose type lacks E-/S-, an
+IOB1 set of B- labels only): such sentences are tagged by argmax, logged once per call, and counted
+in `Decoder.fallback_sentences`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, field
 
 import numpy as np
+
+from ner.data import split_tag
+
+log = logging.getLogger("ner")
 
 DECODERS = ("viterbi", "argmax")
 
 
-def _parts(label: str) -> tuple[str, str]:
-    return ("O", "") if label == "O" else (label[0], label[2:])
-
-
 def _allowed(previous: str | None, label: str, scheme: str) -> bool:
     """May `label` follow `previous` (None: the sentence start)?"""
-    prefix, kind = _parts(label)
-    before, before_kind = _parts(previous) if previous is not None else ("O", "")
+    prefix, kind = split_tag(label)
+    before, before_kind = split_tag(previous) if previous is not None else ("O", "")
+    if scheme == "iob":
+        return True
     if scheme == "iob2":
         return prefix != "I" or (before in "BI" and before_kind == kind and previous is not None)
     if scheme == "iob1":
@@ -41,12 +50,13 @@ def transition_masks(labels: list[str], scheme: str) -> tuple[np.ndarray, np.nda
     """(start, transition [previous, next], end) masks of allowed label ids."""
     start = np.array([_allowed(None, label, scheme) for label in labels])
     pairs = np.array([[_allowed(before, label, scheme) for label in labels] for before in labels])
-    end = np.array([scheme != "iobes" or _parts(label)[0] in "OES" for label in labels])
+    end = np.array([scheme != "iobes" or split_tag(label)[0] in "OES" for label in labels])
     return start, pairs, end
 
 
-def viterbi(log_probs: np.ndarray, masks: tuple[np.ndarray, np.ndarray, np.ndarray]) -> np.ndarray:
-    """The most probable allowed label sequence of one sentence (words x labels log-probabilities)."""
+def viterbi(log_probs: np.ndarray, masks: tuple[np.ndarray, np.ndarray, np.ndarray]) -> np.ndarray | None:
+    """The most probable allowed label sequence of one sentence (words x labels log-probabilities);
+    None where the masks allow no sequence of this length."""
     if len(log_probs) == 0:
         return np.zeros(0, dtype=np.int64)
     start, pairs, end = masks
@@ -58,33 +68,40 @@ def viterbi(log_probs: np.ndarray, masks: tuple[np.ndarray, np.ndarray, np.ndarr
         back[i] = candidates.argmax(axis=0)
         score = candidates.max(axis=0) + log_probs[i]
     final = np.where(end, score, -np.inf)
-    if not np.isfinite(final).any():  # the label set cannot form a valid sequence here (a type lacks E-/S-)
-        return log_probs.argmax(axis=-1)
+    if not np.isfinite(final).any():
+        return None
     best = [int(final.argmax())]
     for i in range(len(log_probs) - 1, 0, -1):
         best.append(int(back[i, best[-1]]))
     return np.array(best[::-1], dtype=np.int64)
 
 
-@dataclass(frozen=True)
+@dataclass
 class Decoder:
     labels: tuple[str, ...]  # by label id
-    scheme: str  # iob1 | iob2 | iobes
+    scheme: str  # iob1 | iob2 | iobes | iob (either IOB; see data.scheme_of_labels)
     method: str = "viterbi"  # or argmax
+    # sentences tagged by argmax because the labels allow no valid sequence, over this decoder's life
+    fallback_sentences: int = field(default=0, init=False, compare=False)
 
     def __call__(self, log_probs: list[np.ndarray]) -> tuple[list[list[str]], list[np.ndarray]]:
         """(tags, probability of each chosen tag) per sentence, from words x labels log-probabilities."""
         if self.method == "argmax":
             ids = [lp.argmax(axis=-1) for lp in log_probs]
         else:
-            masks = transition_masks(list(self.labels), self.scheme)
-            ids = [viterbi(lp, masks) for lp in log_probs]
+            ids = self._viterbi(log_probs)
         names = np.array(self.labels, dtype=object)
         tags = [names[i].tolist() for i in ids]
         probs = [np.exp(lp[np.arange(len(i)), i]).astype(np.float32) for lp, i in zip(log_probs, ids)]
         return tags, probs
 
+    def _viterbi(self, log_probs: list[np.ndarray]) -> list[np.ndarray]:
+        masks = transition_masks(list(self.labels), self.scheme)
+        paths = [viterbi(lp, masks) for lp in log_probs]
+        fallbacks = sum(path is None for path in paths)
+        if fallbacks:  # one line per call, however many sentences: a label-set problem, not a per-word one
+            self.fallback_sentences += fallbacks
+            log.warning("%d of %d sentences: the labels (%s) allow no %s tag sequence of their length; "
+                        "tagged by argmax instead", fallbacks, len(paths), ", ".join(self.labels), self.scheme)
+        return [lp.argmax(axis=-1) if path is None else path for lp, path in zip(log_probs, paths)]
 
-def scheme_of_labels(labels: list[str]) -> str:
-    """A model's tag scheme from its labels alone (for exports that do not record it)."""
-    return "iobes" if any(label[:2] in ("E-", "S-") for label in labels) else "iob2"

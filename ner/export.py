@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 
 from ner.checkpoint import read_state, verify
+from ner.data import entity_types
 from ner.errors import UserError, cli
 from ner.files import staged_folder
 from ner.metrics import best_evaluation, format_table
@@ -134,7 +135,7 @@ def model_card(args: dict, metrics: dict) -> str:
     base = packaged_copy_of(args["model"]) or args["model"]
     packaged = PACKAGED_MODELS.get(base)
     on_hub = HUB_ID.fullmatch(base) is not None and not Path(base).exists()
-    types = sorted({label[2:] for label in args["label_list"] if label != "O"})
+    types = entity_types(args["label_list"])
     header = ("---\nlibrary_name: transformers\npipeline_tag: token-classification\n"
               "tags: [ner, token-classification]\nmetrics: [precision, recall, f1]\n"
               + (f"base_model: {base}\n" if on_hub else "") + "---")

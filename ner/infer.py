@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,8 +32,8 @@ from ner.config import (
     check_max_seq_length,
     inference_batch_limits,
 )
-from ner.data import Example
-from ner.decode import Decoder, scheme_of_labels
+from ner.data import Example, scheme_of_labels
+from ner.decode import Decoder
 from ner.encode import (
     Feature,
     collate,
@@ -45,6 +46,8 @@ from ner.errors import UserError
 from ner.metrics import entity_scores
 from ner.runtime import OnnxRuntime, TorchRuntime, onnx_path
 from ner.text import Word, split_words
+
+log = logging.getLogger("ner")
 
 Progress = Callable  # tqdm-like: progress(iterable, desc=..., leave=...) -> iterable
 Runtime = TorchRuntime | OnnxRuntime  # runtime(input_ids, attention_mask) -> logits (ner/runtime.py)
@@ -176,8 +179,11 @@ class Tagger:
         self.pad_to_multiple_of = pad_to_multiple_of
         self.context = context
         labels = tuple(self.id2label[i] for i in range(len(self.id2label)))
-        self.decoder = Decoder(labels, self.settings.tag_scheme or scheme_of_labels(list(labels)),
-                               decode or self.settings.decode)
+        scheme = self.settings.tag_scheme or scheme_of_labels(labels)
+        if scheme == "iob":
+            log.warning("%s: no training_args.json, and its labels fit IOB1 and IOB2 alike: decoded with no "
+                        "transition rule (as --decode argmax); entities read leniently", model_dir)
+        self.decoder = Decoder(labels, scheme, decode or self.settings.decode)
 
     def _load_runtime(self, model_dir: Path, num_labels: int) -> Runtime:
         if self.runtime_name != "torch":  # the ONNX file alone: the PyTorch weights are never loaded
@@ -224,16 +230,29 @@ class Tagger:
         examples = [Example([w for w, _, _ in words], ["O"] * len(words), "<text>", document=i)
                     for i, words in enumerate(split)]
         tags, probs = self.tag(examples, max_sentences, max_tokens, progress)
-        return [{"entities": char_entities(text, words, t, p)} for text, words, t, p in zip(texts, split, tags, probs)]
+        return [{"entities": entities(t, p, words, text)} for text, words, t, p in zip(texts, split, tags, probs)]
 
 
-def char_entities(text: str, words: list[Word], tags: list[str], probs: np.ndarray) -> list[dict]:
-    """Word-level entities (seqeval's reading of the tags) as character spans of `text`."""
+def entities(tags: list[str], probs: np.ndarray, words: list[Word], text: str | None = None) -> list[dict]:
+    """Word-level entities (seqeval's reading of the tags), each {"text", "type", "start", "end", "score"}:
+    `start` of its first word, `end` of its last, `score` the mean probability of its tags. The one
+    tags -> entities step of inference.
+
+    Raw text: `words` as split from `text` (character offsets), and "text" is `text[start:end]`.
+    Words given (no `text`): `words` as `(word, i, i + 1)`, so start/end are word indices, and "text"
+    is the entity's words joined by spaces.
+    """
     from seqeval.metrics.sequence_labeling import get_entities
 
     found = []
     for kind, first, last in get_entities(tags):
         start, end = words[first][1], words[last][2]
-        found.append({"text": text[start:end], "type": kind, "start": start, "end": end,
+        span = text[start:end] if text is not None else " ".join(word for word, _, _ in words[first:last + 1])
+        found.append({"text": span, "type": kind, "start": start, "end": end,
                       "score": round(float(probs[first:last + 1].mean()), 4)})
     return found
+
+
+def word_positions(words: list[str]) -> list[Word]:
+    """Words with their indices as positions, for `entities` over words given without a text."""
+    return [(word, i, i + 1) for i, word in enumerate(words)]

@@ -33,26 +33,17 @@ from pathlib import Path
 
 import numpy as np
 from seqeval.metrics import classification_report
-from seqeval.metrics.sequence_labeling import get_entities
 from tqdm.auto import tqdm
 
 from ner.config import add_inference_arguments
 from ner.data import Example, check_known_labels, parse_jsonl, read_conll
 from ner.errors import UserError, cli
-from ner.infer import Tagger
+from ner.infer import Tagger, entities, word_positions
 from ner.spans import SPAN_HELP, entities_record, label_studio_task, span_record, text_of
 from ner.text import split_whitespace
 
 RAW_HELP = ("raw text (the default): each line is one text; entities carry character offsets "
             "(text == line[start:end])")
-
-
-def entities(words: list[str], tags: list[str], probs: np.ndarray) -> list[dict]:
-    found = []
-    for kind, start, last in get_entities(tags):
-        found.append({"text": " ".join(words[start:last + 1]), "type": kind, "start": start, "end": last + 1,
-                      "score": round(float(probs[start:last + 1].mean()), 4)})
-    return found
 
 
 def read_plain(lines: list[str], source: str) -> list[Example]:
@@ -104,7 +95,8 @@ def write_output(examples: list[Example], tags: list[list[str]], probs: list[np.
         elif fmt == "spans":
             out.write(json.dumps(span_record([(example.words, sentence_tags)]), ensure_ascii=False) + "\n")
         else:
-            record = {"words": example.words, "entities": entities(example.words, sentence_tags, sentence_probs)}
+            record = {"words": example.words, "entities": entities(sentence_tags, sentence_probs,
+                                                                     word_positions(example.words))}
             out.write(json.dumps(record, ensure_ascii=False) + "\n")
 
 

@@ -181,11 +181,13 @@ def health_info(tagger, model_dir: Path) -> dict:
     """What /health reports: the folder, the encoder it was fine-tuned from, the labels and entity types."""
     import json
 
+    from ner.data import entity_types
+
     labels = [tagger.id2label[i] for i in sorted(tagger.id2label)]
     args_file = model_dir / "training_args.json"
     base = json.loads(args_file.read_text(encoding="utf-8")).get("model") if args_file.is_file() else None
     return {"status": "ok", "model": str(model_dir), "base_model": base, "labels": labels,
-            "types": sorted({label[2:] for label in labels if label != "O"})}
+            "types": entity_types(labels)}
 
 
 def predict_openapi() -> dict:

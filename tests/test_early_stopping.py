@@ -11,6 +11,9 @@ logged evaluations, by the rule as the option's help states it.
 from __future__ import annotations
 
 import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -113,22 +116,40 @@ def test_resume_keeps_the_patience_counter(tiny_bert_no_dropout, tiny_data, tmp_
     assert state["global_step"] == one_process["stop"] and state["stop_reason"]
 
 
-class Rank:
-    """Stand-in backend for one rank; reduce_sum adds what rank 0 contributed."""
+class Ranks:
+    """Stand-in backends for ranks that run side by side (threads): reduce_sum adds what every rank
+    contributed, as all_reduce does."""
 
-    def __init__(self, is_main: bool, rank0_count: int = 0) -> None:
-        self.is_main_process, self.device, self.rank0_count = is_main, torch.device("cpu"), rank0_count
+    def __init__(self, world_size: int) -> None:
+        self.barrier = threading.Barrier(world_size)
+        self.contributions: list[torch.Tensor] = []
+        self.lock = threading.Lock()
+
+    def rank(self, index: int) -> SimpleNamespace:
+        return SimpleNamespace(is_main_process=index == 0, device=torch.device("cpu"), reduce_sum=self.reduce_sum)
 
     def reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
-        return tensor + (0 if self.is_main_process else self.rank0_count)
+        with self.lock:
+            self.contributions.append(tensor)
+        self.barrier.wait(timeout=10)
+        return torch.stack(self.contributions).sum(dim=0)
+
+
+def counts_on_each_rank(state: TrainState, f1_by_rank: list[float], threshold: float) -> list[int]:
+    ranks = Ranks(len(f1_by_rank))
+    with ThreadPoolExecutor(len(f1_by_rank)) as pool:
+        return list(pool.map(lambda i: count_without_improvement(state, f1_by_rank[i], threshold, ranks.rank(i)),
+                             range(len(f1_by_rank))))
 
 
 def test_the_counter_is_rank_zeros_on_every_rank_and_gains_must_exceed_the_threshold():
     state = TrainState(best_f1=0.5, evals_without_improvement=1)
-    assert count_without_improvement(state, 0.505, 0.01, Rank(is_main=True)) == 2  # a gain of 0.005 <= 0.01
-    assert count_without_improvement(state, 0.52, 0.01, Rank(is_main=True)) == 0
-    # this rank saw a gain, rank 0 did not: rank 0 decides, so both stop at the same update
-    assert count_without_improvement(state, 0.9, 0.0, Rank(is_main=False, rank0_count=2)) == 2
+    assert counts_on_each_rank(state, [0.505], 0.01) == [2]  # a gain of 0.005 <= 0.01
+    assert counts_on_each_rank(state, [0.52], 0.01) == [0]
+    # rank 0 saw no gain, rank 1 did: rank 0 decides, so both stop at the same update
+    assert counts_on_each_rank(state, [0.5, 0.9], 0.0) == [2, 2]
+    # rank 0 saw a gain, ranks 1 and 2 did not: neither may add its own count to rank 0's
+    assert counts_on_each_rank(state, [0.9, 0.5, 0.4], 0.0) == [0, 0, 0]
 
 
 def test_early_stopping_without_validation_is_one_clear_error(tiny_bert, tiny_data, tmp_path, capsys):

@@ -188,3 +188,14 @@ def test_no_function_level_import_hides_an_import_cycle():
     cycles = sorted((module, target) for module, targets in top.items() for target in targets
                     if target != module and reaches(top, target, module))
     assert cycles == []
+
+
+def test_readme_names_every_module():
+    """The README's map of the code names every module and package in ner/, so it cannot go stale unnoticed."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    map_start = readme.index("Where things are (`ner/`)")
+    code_map = readme[map_start:readme.index("\n\n", map_start)]
+    names = {p.name for p in (ROOT / "ner").glob("*.py") if p.name != "__init__.py"}
+    names |= {p.name + "/" for p in (ROOT / "ner").iterdir() if p.is_dir() and not p.name.startswith(("_", "."))
+              and p.name not in {"sample_data"}}
+    assert sorted(n for n in names if f"`{n}`" not in code_map) == []

@@ -249,15 +249,25 @@ class MicroBatcher:
 
     async def _run(self) -> None:
         while not self.closed:
-            batch = await self._present(await self._next_batch())
-            if not batch:
-                continue
-            if not self._fits_before_deadline(batch):
+            batch: list[_Pending] = []
+            try:
+                batch = await self._next_batch()
+                await self._start(await self._present(batch))
+            except BaseException:  # the worker is ending: the requests in hand are answered, not left hanging
                 for item in batch:
-                    item.future.set_exception(Draining("the server is shutting down; retry elsewhere"))
-                self._refuse_queued("the server is shutting down; retry elsewhere")
-                continue
-            await self._compute(batch)
+                    if not item.future.done():
+                        item.future.set_exception(Draining("the batcher stopped; the server is restarting"))
+                raise
+
+    async def _start(self, batch: list[_Pending]) -> None:
+        if not batch:
+            return
+        if not self._fits_before_deadline(batch):
+            for item in batch:
+                item.future.set_exception(Draining("the server is shutting down; retry elsewhere"))
+            self._refuse_queued("the server is shutting down; retry elsewhere")
+            return
+        await self._compute(batch)
 
     async def _next_batch(self) -> list[_Pending]:
         """The requests that start together: the first waiting, then later ones within max_wait_ms (none when

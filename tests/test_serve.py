@@ -410,7 +410,7 @@ def test_a_drain_answers_the_batch_in_flight_and_refuses_the_queue_at_its_deadli
             queued = asyncio.create_task(client.post("/predict", json={"text": "queued"}))
             await until(lambda: app.state.batcher.queued_texts() == 1, "one text queued")
             app.state.lifecycle.begin_drain()
-            refused = await queued  # at the deadline, while the model is still busy
+            refused = await asyncio.wait_for(queued, 20)  # at the deadline, while the model is still busy
             model.gate.set()
             return await running, refused
 
@@ -437,6 +437,33 @@ def test_a_dead_batcher_makes_health_503_and_stops_the_process(random_model):
     assert len(stopped) == 1 and "ended unexpectedly" in stopped[0]
 
 
+def test_each_text_is_split_once_off_the_event_loop(tagger):
+    from ner.text import split_words
+
+    split_in: list[tuple[str, threading.Thread]] = []
+    received: list = []
+
+    def split(text: str):
+        split_in.append((text, threading.current_thread()))
+        return split_words(text)
+
+    def predict(texts, words):
+        received.append(words)
+        return tagger.predict(texts, words=words, splitter=None)  # None: Tagger must not split again
+
+    async def scenario():
+        batcher = MicroBatcher(predict, Limits(max_wait_ms=0), split=split)
+        batcher.start()
+        answers = await batcher.submit(TEXTS)
+        await batcher.stop()
+        return answers
+
+    assert run(scenario()) == tagger.predict(TEXTS)
+    assert [text for text, _ in split_in] == TEXTS  # once each
+    assert all(thread is not threading.main_thread() for _, thread in split_in)  # the loop runs in this thread
+    assert received == [[split_words(text) for text in TEXTS]]
+
+
 def test_serve_flags_reach_uvicorn_and_the_batcher(random_model):
     from ner.errors import UserError
     from ner.serve import build_parser, limits_of, server_config
@@ -454,10 +481,28 @@ def test_serve_flags_reach_uvicorn_and_the_batcher(random_model):
 
 # ----------------------------------------------------------------------------- a real uvicorn process
 
-def start_server(model_dir, *extra: str) -> tuple[subprocess.Popen, str]:
+SLOW_MODEL_SERVER = """
+import sys, time
+import ner.infer
+from ner.serve import main
+
+seconds_per_batch = float(sys.argv[1])
+real = ner.infer.Tagger.predict
+
+def slow(self, texts, *args, **kwargs):  # a slow model: a full queue holds it for many seconds
+    time.sleep(seconds_per_batch)
+    return real(self, texts, *args, **kwargs)
+
+ner.infer.Tagger.predict = slow
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def start_server(model_dir, *extra: str,
+                 launcher: tuple[str, ...] = ("-m", "ner.serve")) -> tuple[subprocess.Popen, str]:
     port = free_local_port()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    process = subprocess.Popen([sys.executable, "-m", "ner.serve", str(model_dir), "--port", str(port),
+    process = subprocess.Popen([sys.executable, *launcher, str(model_dir), "--port", str(port),
                                 "--mixed-precision", "no", *extra], cwd=ROOT, env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
@@ -527,6 +572,87 @@ def test_uvicorn_concurrent_answers_equal_answers_alone_and_sigterm_drains(rando
     finally:
         if process.poll() is None:
             process.kill()
+
+
+def poll(url: str, route: str, until, timeout_s: float = 60) -> dict:
+    """GET `route` until `until(status, body)` holds; its body."""
+    deadline = time.monotonic() + timeout_s
+    with httpx.Client(base_url=url, timeout=5) as probe:
+        while True:
+            response = probe.get(route)
+            if until(response.status_code, response.json()):
+                return response.json()
+            assert time.monotonic() < deadline, f"GET {route} never reached the state: {response.json()}"
+            time.sleep(0.01)
+
+
+@pytest.mark.slow
+def test_sigterm_with_a_full_queue_answers_everyone_and_exits_within_the_shutdown_timeout(random_model):
+    """A model that takes 2 s a batch, one text a batch, 6 texts of queue, 12 requests: 1 runs, 6 wait, 5 are
+    shed. SIGTERM with --shutdown-timeout 3: the batch in flight is answered, the queue gets 503 at the
+    deadline (16 s of work would not fit), and the process is gone within the deadline."""
+    shutdown_timeout_s = 3.0
+    process, url = start_server(random_model, "--max-wait-ms", "0", "--max-batch-texts", "1", "--max-texts", "1",
+                                "--max-queue", "6", "--shutdown-timeout", str(shutdown_timeout_s),
+                                launcher=("-c", SLOW_MODEL_SERVER, "2.0"))
+    try:
+        poll(url, "/ready", lambda status, _: status == 200)
+        responses: list = []
+        clients = connected_clients(url, 12)
+        payloads = [{"text": f"Request {i} from Ada Lovelace in London."} for i in range(12)]
+        sender = threading.Thread(target=lambda: responses.extend(post_all(url, payloads, clients)))
+        sender.start()
+        poll(url, "/health", lambda _, body: body["queued_texts"] == 6)
+        signalled = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        returncode = process.wait(30)
+        exit_s = time.monotonic() - signalled
+        sender.join(30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert returncode in (0, 128 + signal.SIGTERM, -signal.SIGTERM), process.stdout.read()
+    assert all(r is not None for r in responses) and len(responses) == 12  # every request answered, none dropped
+    statuses = sorted(r.status_code for r in responses)
+    assert set(statuses) <= {200, 503} and statuses.count(200) >= 1, statuses
+    shed = [r for r in responses if r.status_code == 503 and "--max-queue" in r.json()["error"]]
+    drained = [r for r in responses if r.status_code == 503 and "shutting down" in r.json()["error"]]
+    assert len(shed) >= 5 and all(int(r.headers["retry-after"]) >= 1 for r in shed)
+    assert len(drained) >= 4  # 6 queued at SIGTERM, at most 2 batches of 2 s fit in the deadline
+    assert exit_s < shutdown_timeout_s + 1.0, f"exited {exit_s:.1f} s after SIGTERM"
+
+
+def test_a_dead_batcher_stops_the_server_with_exit_status_1(random_model, monkeypatch):
+    """main() in this process: the batching task dies on the first request; the request gets 503, and
+    uvicorn stops with status 1 for the supervisor."""
+    from ner.batcher import MicroBatcher
+    from ner.serve import main
+
+    async def dies(self, batch):
+        raise RuntimeError("injected: the batching task dies")
+
+    monkeypatch.setattr(MicroBatcher, "_present", dies)
+    port = free_local_port()
+    answers: list = []
+
+    def client() -> None:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"{url}/ready", timeout=5).status_code == 200:
+                    break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        answers.append(httpx.post(f"{url}/predict", json={"text": "Ada Lovelace"}, timeout=30))
+
+    thread = threading.Thread(target=client)
+    thread.start()
+    status = main([str(random_model), "--port", str(port), "--mixed-precision", "no", "--shutdown-timeout", "5"])
+    thread.join(30)
+    assert status == 1
+    assert answers[0].status_code == 503 and "restarting" in answers[0].json()["error"]
 
 
 def test_taken_port_is_a_one_line_error(random_model):

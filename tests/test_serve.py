@@ -631,9 +631,20 @@ def test_a_dead_batcher_stops_the_server_with_exit_status_1(random_model, monkey
     async def dies(self, batch):
         raise RuntimeError("injected: the batching task dies")
 
+    import uvicorn
+
+    servers: list = []
+
+    class Recorded(uvicorn.Server):
+        def __init__(self, config) -> None:
+            super().__init__(config)
+            servers.append(self)
+
     monkeypatch.setattr(MicroBatcher, "_present", dies)
+    monkeypatch.setattr(uvicorn, "Server", Recorded)
     port = free_local_port()
     answers: list = []
+    returned = threading.Event()
 
     def client() -> None:
         url = f"http://127.0.0.1:{port}"
@@ -646,10 +657,13 @@ def test_a_dead_batcher_stops_the_server_with_exit_status_1(random_model, monkey
                 assert time.monotonic() < deadline
                 time.sleep(0.05)
         answers.append(httpx.post(f"{url}/predict", json={"text": "Ada Lovelace"}, timeout=30))
+        if not returned.wait(30):  # the server did not stop itself: stop it, so the test fails instead of hanging
+            servers[0].should_exit = True
 
     thread = threading.Thread(target=client)
     thread.start()
     status = main([str(random_model), "--port", str(port), "--mixed-precision", "no", "--shutdown-timeout", "5"])
+    returned.set()
     thread.join(30)
     assert status == 1
     assert answers[0].status_code == 503 and "restarting" in answers[0].json()["error"]

@@ -4,16 +4,20 @@
     python -m ner.serve runs/ner/final                                  # http://127.0.0.1:8000/ in a browser
     curl -s localhost:8000/predict -d '{"text": "Angela Merkel met Emmanuel Macron in Paris."}'
     curl -s localhost:8000/predict -d '{"texts": ["Angela Merkel visited Paris.", "Nothing here."]}'
-    curl -s localhost:8000/health
+    curl -s localhost:8000/health                                       # liveness; /ready: readiness
 
 POST /predict: {"text": "..."} -> {"entities": [...]}; {"texts": [...]} -> {"results": [{"entities": [...]}, ...]}.
 Entities are those of `python -m ner.predict` on raw text: {"text", "type", "start", "end", "score"}, character
 offsets, end exclusive. Requests that arrive within --max-wait-ms of each other share one forward pass (up
 to --max-batch-texts texts and --max-batch-words words); each text is still tagged on its own, so an answer
 does not depend on what shared its batch. Bad requests get {"error": "..."}: 422 (not JSON, wrong shape
-or type), 413 (body over --max-request-bytes, or more than --max-texts texts). SIGTERM or Ctrl-C stops
-taking new connections, answers the requests in flight, then exits. GET /health: the model, its labels and
-types, and "in_flight" (requests received, not yet answered). GET /openapi.json documents the bodies.
+or type), 413 (body over --max-request-bytes, more than --max-texts texts, a text over --max-text-chars).
+Under load and faults (docs/serving.md): 503 + Retry-After when --max-queue texts wait already, 504 after
+--request-timeout, 500 only for the request whose text made the model fail. SIGTERM or Ctrl-C: /ready turns
+503, what fits in --shutdown-timeout is answered, the rest gets 503, and the process exits in time.
+GET /health (liveness): the model, its labels and types, "in_flight", "queued_texts"; 503 once the
+batcher has died (the process then exits 1). GET /ready (readiness): 200 once warmed up, else 503.
+GET /openapi.json documents the bodies.
 """
 
 

@@ -221,12 +221,14 @@ class Tagger:
 
     def predict(self, texts: list[str], max_sentences: int = DEFAULT_MAX_SENTENCES,
                 max_tokens: int = DEFAULT_MAX_TOKENS, progress: Progress = no_progress,
-                splitter: Callable[[str], list[Word]] = split_words) -> list[dict]:
+                splitter: Callable[[str], list[Word]] = split_words,
+                words: list[list[Word]] | None = None) -> list[dict]:
         """{"entities": [{"text", "type", "start", "end", "score"}]} per raw text; offsets are characters
         (end exclusive) and `text == texts[i][start:end]`. Each text is one document: tagged with document
         context where the model was trained with it, and windowed where longer than a window (cutting
-        texts into sentences first measured no better: docs/raw_text.md). `splitter`: for comparisons."""
-        split = [splitter(text) for text in texts]
+        texts into sentences first measured no better: docs/raw_text.md). `splitter`: for comparisons.
+        `words`: each text already split (by `splitter`), so a caller that split them once does not pay twice."""
+        split = words if words is not None else [splitter(text) for text in texts]
         examples = [Example([w for w, _, _ in words], ["O"] * len(words), "<text>", document=i)
                     for i, words in enumerate(split)]
         tags, probs = self.tag(examples, max_sentences, max_tokens, progress)

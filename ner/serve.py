@@ -4,134 +4,145 @@
     python -m ner.serve runs/ner/final                                  # http://127.0.0.1:8000/ in a browser
     curl -s localhost:8000/predict -d '{"text": "Angela Merkel met Emmanuel Macron in Paris."}'
     curl -s localhost:8000/predict -d '{"texts": ["Angela Merkel visited Paris.", "Nothing here."]}'
-    curl -s localhost:8000/health
+    curl -s localhost:8000/health                                       # liveness; /ready: readiness
 
 POST /predict: {"text": "..."} -> {"entities": [...]}; {"texts": [...]} -> {"results": [{"entities": [...]}, ...]}.
 Entities are those of `python -m ner.predict` on raw text: {"text", "type", "start", "end", "score"}, character
 offsets, end exclusive. Requests that arrive within --max-wait-ms of each other share one forward pass (up
 to --max-batch-texts texts and --max-batch-words words); each text is still tagged on its own, so an answer
 does not depend on what shared its batch. Bad requests get {"error": "..."}: 422 (not JSON, wrong shape
-or type), 413 (body over --max-request-bytes, or more than --max-texts texts). SIGTERM or Ctrl-C stops
-taking new connections, answers the requests in flight, then exits. GET /health: the model, its labels and
-types, and "in_flight" (requests received, not yet answered). GET /openapi.json documents the bodies.
+or type), 413 (body over --max-request-bytes, more than --max-texts texts, a text over --max-text-chars).
+Under load and faults (docs/serving.md): 503 + Retry-After when --max-queue texts wait already, 504 after
+--request-timeout, 500 only for the request whose text made the model fail. SIGTERM or Ctrl-C: /ready turns
+503, what fits in --shutdown-timeout is answered, the rest gets 503, and the process exits in time.
+GET /health (liveness): the model, its labels and types, "in_flight", "queued_texts"; 503 once the
+batcher has died (the process then exits 1). GET /ready (readiness): 200 once warmed up, else 503.
+GET /openapi.json documents the bodies.
 """
 
 
 import argparse
 import asyncio
 import logging
+import signal
 import socket
 import sys
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+import threading
+from collections.abc import Callable
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from ner.batcher import BatcherEvents, BatchLimits, ClientGone, Draining, MicroBatcher, Overloaded, TextFailed, TimedOut
 from ner.config import add_model_arguments
 from ner.errors import UserError, cli
-from ner.text import split_words
 
 log = logging.getLogger("ner.serve")
 MIB = 1024 * 1024
+WARM_UP_TEXT = "Ada Lovelace met Charles Babbage in London."
 
 
 @dataclass
-class Limits:
+class Limits(BatchLimits):
+    """What one request may ask (the batching and queue limits are BatchLimits')."""
+
     max_request_bytes: int = MIB
     max_texts: int = 256
-    max_wait_ms: float = 5.0
-    max_batch_texts: int = 64
-    max_batch_words: int = 8192
+    max_text_chars: int = 100_000  # about 17 s of the CoNLL MiniLM on 2 cores: under --request-timeout
 
 
 @dataclass
-class _Pending:
-    texts: list[str]
-    words: int
-    future: asyncio.Future = field(repr=False)
+class ServeOptions:
+    """How the process stops taking work (uvicorn's settings, which the app must know to drain in time)."""
+
+    max_concurrency: int | None = 256  # connections and requests at once (uvicorn's limit_concurrency)
+    shutdown_timeout_s: float | None = 20.0  # SIGTERM to exit (uvicorn's timeout_graceful_shutdown)
+
+    def drain_budget_s(self) -> float | None:
+        """Seconds after SIGTERM during which batches may still start: the deadline less a margin in which the
+        refused requests are answered, uvicorn closes their connections and the process exits."""
+        if self.shutdown_timeout_s is None:
+            return None
+        return self.shutdown_timeout_s - min(1.0, self.shutdown_timeout_s / 4)
 
 
-class MicroBatcher:
-    """Gathers the texts of concurrent requests for a few milliseconds and tags them in one call.
+class Lifecycle:
+    """Liveness and readiness: ready after the warm-up pass; draining from SIGTERM; failed when the batcher died.
 
-    The model runs in one worker thread, so the event loop keeps accepting requests meanwhile."""
+    `on_failure` is how the process stops itself after a failure (main sets it to stop uvicorn and exit 1)."""
 
-    def __init__(self, predict, limits: Limits) -> None:
-        self.predict = predict
-        self.limits = limits
-        self.queue: asyncio.Queue[_Pending] = asyncio.Queue()
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ner-model")
-        self.task: asyncio.Task | None = None
-        self.held: _Pending | None = None  # arrived when the batch was full: first in the next one
-        self.closed = False  # checked as well as cancel(): _next may absorb a cancel that races a completion
+    def __init__(self, batcher: MicroBatcher, options: ServeOptions) -> None:
+        self.batcher = batcher
+        self.options = options
+        self.ready = False
+        self.draining = False
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.on_failure: Callable[[str], None] | None = None
+        batcher.on_failure = self._failed
 
-    async def submit(self, texts: list[str]) -> list[dict]:
-        words = sum(len(split_words(t)) for t in texts)
-        pending = _Pending(texts, words, asyncio.get_running_loop().create_future())
-        await self.queue.put(pending)
-        return await pending.future
+    @property
+    def failure(self) -> str | None:
+        return self.batcher.failure
 
-    def start(self) -> None:
-        self.task = asyncio.create_task(self._run())
+    def _failed(self, reason: str) -> None:
+        if self.on_failure is not None:
+            self.on_failure(reason)
 
-    async def stop(self) -> None:
-        self.closed = True
-        if self.task is not None:
-            self.task.cancel()
-            await asyncio.gather(self.task, return_exceptions=True)
-        self.executor.shutdown(wait=True)
+    def begin_drain(self) -> None:
+        """From any thread or a signal handler: stop being ready, finish what fits the deadline, refuse the rest."""
+        if self.loop is not None:
+            self.loop.call_soon_threadsafe(self._drain)
 
-    async def _gather(self) -> list[_Pending]:
-        first = self.held or await self.queue.get()
-        self.held = None
-        batch, texts, words = [first], len(first.texts), first.words
-        deadline = asyncio.get_running_loop().time() + self.limits.max_wait_ms / 1000
-        while True:
-            remaining = deadline - asyncio.get_running_loop().time()
-            if remaining <= 0:
-                break
-            item = await self._next(remaining)
-            if item is None:
-                break
-            limits = self.limits
-            if texts + len(item.texts) > limits.max_batch_texts or words + item.words > limits.max_batch_words:
-                self.held = item
-                break
-            batch.append(item)
-            texts, words = texts + len(item.texts), words + item.words
-        return batch
+    def _drain(self) -> None:
+        if not self.draining:
+            self.draining = True
+            log.info("draining: %d texts queued, %s s to finish", self.batcher.queued_texts(),
+                     self.options.shutdown_timeout_s)
+            self.batcher.drain(self.options.drain_budget_s())
 
-    async def _next(self, timeout: float) -> _Pending | None:
-        """The next request within `timeout` seconds, else None; one that arrives as time runs out is kept."""
-        getter = asyncio.ensure_future(self.queue.get())
-        done, _ = await asyncio.wait({getter}, timeout=timeout)
-        if getter not in done:
-            getter.cancel()
-            try:
-                return await getter  # it may have completed before the cancel landed
-            except asyncio.CancelledError:
-                return None
-        return getter.result()
+    async def warm_up(self) -> None:
+        try:
+            await self.batcher.warm_up(WARM_UP_TEXT)
+        except Exception as exc:  # a model that cannot tag one sentence will not serve: stop, exit non-zero
+            log.exception("the warm-up pass failed")
+            self.batcher.failure = f"the warm-up pass failed ({exc!r})"
+            self._failed(self.batcher.failure)
+            return
+        self.ready = True
+        log.info("ready: model loaded and warmed up")
 
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        while not self.closed:
-            batch = await self._gather()
-            all_texts = [t for item in batch for t in item.texts]
-            try:
-                results = await loop.run_in_executor(self.executor, self.predict, all_texts)
-            except Exception as exc:  # one failed batch answers its requests with 500, the server goes on
-                log.exception("prediction failed")
-                for item in batch:
-                    if not item.future.done():
-                        item.future.set_exception(exc)
-                continue
-            start = 0
-            for item in batch:
-                if not item.future.done():  # a client that went away cancelled its future
-                    item.future.set_result(results[start:start + len(item.texts)])
-                start += len(item.texts)
+    def readiness(self) -> tuple[int, dict]:
+        if self.failure is not None:
+            return 503, {"status": "failed", "error": self.failure}
+        if self.draining:
+            return 503, {"status": "draining", "error": "shutting down; send requests elsewhere"}
+        if not self.ready:
+            return 503, {"status": "starting", "error": "the model is warming up"}
+        return 200, {"status": "ready"}
+
+
+@contextmanager
+def drain_on_signals(lifecycle: Lifecycle):
+    """SIGTERM / SIGINT start the drain, then go on to the handler in place (uvicorn's: stop accepting, wait up to
+    --shutdown-timeout for the requests in flight). Installed from the app so that it holds with any server."""
+    if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+        yield
+        return
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def handler(sig, frame):
+        lifecycle.begin_drain()
+        if callable(previous[sig]):
+            previous[sig](sig, frame)
+
+    for sig in previous:
+        signal.signal(sig, handler)
+    try:
+        yield
+    finally:
+        for sig, before in previous.items():
+            signal.signal(sig, before)
 
 
 class BadRequest(Exception):
@@ -153,7 +164,7 @@ async def read_body(request, limit: int) -> bytes:
     return bytes(body)
 
 
-def parse_texts(body: bytes, max_texts: int) -> tuple[list[str], bool]:
+def parse_texts(body: bytes, max_texts: int, max_text_chars: int | None = None) -> tuple[list[str], bool]:
     """(texts, whether the request sent one "text") from {"text": str} or {"texts": [str, ...]}."""
     import json
 
@@ -174,6 +185,9 @@ def parse_texts(body: bytes, max_texts: int) -> tuple[list[str], bool]:
             text.encode("utf-8")
         except UnicodeEncodeError:
             raise BadRequest(422, f"text {i} holds a lone surrogate (\\ud800-\\udfff): not valid Unicode") from None
+        if max_text_chars is not None and len(text) > max_text_chars:
+            raise BadRequest(413, f"text {i} has {len(text)} characters; the limit is {max_text_chars} "
+                                  "(--max-text-chars): send it in parts")
     return texts, single
 
 
@@ -231,24 +245,81 @@ def predict_openapi() -> dict:
                           **{status: {"model": Error, "description": why} for status, why in errors.items()}}}
 
 
-def create_app(tagger, model_dir: Path, limits: Limits = Limits()):
-    """The FastAPI app: GET / (the page), GET /health, POST /predict, GET /openapi.json; errors are {"error": ...}."""
+def create_app(tagger, model_dir: Path, limits: Limits = Limits(), options: ServeOptions = ServeOptions(),
+               events: BatcherEvents | None = None):
+    """The FastAPI app: GET / (the page), GET /health, GET /ready, POST /predict, GET /openapi.json; errors are
+    {"error": ...}. app.state.batcher and app.state.lifecycle are its batcher and its readiness."""
     from fastapi import FastAPI, Request
-    from fastapi.exceptions import RequestValidationError
     from fastapi.responses import HTMLResponse, JSONResponse
-    from starlette.exceptions import HTTPException
 
-    batcher = MicroBatcher(tagger.predict, limits)
+    batcher = MicroBatcher(tagger.predict, limits, events)
+    lifecycle = Lifecycle(batcher, options)
 
     @asynccontextmanager
     async def lifespan(app):
+        lifecycle.loop = asyncio.get_running_loop()
         batcher.start()
-        yield
+        warm_up = asyncio.create_task(lifecycle.warm_up())  # not awaited: /health answers, /ready says starting
+        with drain_on_signals(lifecycle):
+            yield
+        warm_up.cancel()
         await batcher.stop()  # uvicorn has answered the requests in flight by now
 
     app = FastAPI(title="ner", lifespan=lifespan, docs_url=None, redoc_url=None)  # the docs pages load a CDN
     page = resources.files("ner").joinpath("static/index.html").read_text(encoding="utf-8")
     info = health_info(tagger, model_dir)
+    add_error_handlers(app)
+
+    @app.get("/", response_class=HTMLResponse)
+    async def index() -> str:
+        return page
+
+    @app.get("/health")
+    async def health():
+        """Liveness: 200 while the process can serve (also while starting and draining); 503 once it cannot."""
+        state = {**info, "in_flight": in_flight[0], "queued_texts": batcher.queued_texts(),
+                 "ready": lifecycle.readiness()[0] == 200, "draining": lifecycle.draining}
+        if lifecycle.failure is not None:
+            return JSONResponse({**state, "status": "failed", "error": lifecycle.failure}, status_code=503)
+        return state
+
+    @app.get("/ready")
+    async def ready():
+        """Readiness: 200 once the warm-up pass has run, 503 while starting, draining or failed."""
+        status, body = lifecycle.readiness()
+        return JSONResponse(body, status_code=status)
+
+    in_flight = [0]  # /predict requests received and not yet answered: what a drain waits for
+
+    @app.post("/predict", **predict_openapi())
+    async def predict(request: Request):
+        in_flight[0] += 1
+        try:
+            return await answer(request)
+        finally:
+            in_flight[0] -= 1
+
+    async def answer(request):
+        batcher.check_open()  # a full queue answers 503 before the body is read
+        texts, single = parse_texts(await read_body(request, limits.max_request_bytes), limits.max_texts,
+                                    limits.max_text_chars)
+        results = await batcher.submit(texts, request.is_disconnected) if texts else []
+        return results[0] if single else {"results": results}
+
+    app.state.batcher = batcher
+    app.state.lifecycle = lifecycle
+    return app
+
+
+# what each batcher exception answers: status, and whether it says when to come back
+BATCHER_ERRORS = {Overloaded: 503, Draining: 503, TimedOut: 504, TextFailed: 500, ClientGone: 499}
+
+
+def add_error_handlers(app) -> None:
+    """Every error as {"error": "..."}: bad requests, HTTP errors, validation, and the batcher's refusals."""
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse
+    from starlette.exceptions import HTTPException
 
     @app.exception_handler(BadRequest)
     async def bad_request(request, exc: BadRequest):
@@ -262,34 +333,12 @@ def create_app(tagger, model_dir: Path, limits: Limits = Limits()):
     async def invalid(request, exc: RequestValidationError):
         return JSONResponse({"error": str(exc.errors())}, status_code=422)
 
-    @app.get("/", response_class=HTMLResponse)
-    async def index() -> str:
-        return page
+    async def refused(request, exc: Exception):
+        headers = {"Retry-After": str(exc.retry_after_s)} if isinstance(exc, Overloaded) else None
+        return JSONResponse({"error": str(exc)}, status_code=BATCHER_ERRORS[type(exc)], headers=headers)
 
-    @app.get("/health")
-    async def health() -> dict:
-        return {**info, "in_flight": in_flight[0]}
-
-    in_flight = [0]  # /predict requests received and not yet answered: what a drain waits for
-
-    @app.post("/predict", **predict_openapi())
-    async def predict(request: Request):
-        in_flight[0] += 1
-        try:
-            return await answer(request)
-        finally:
-            in_flight[0] -= 1
-
-    async def answer(request):
-        texts, single = parse_texts(await read_body(request, limits.max_request_bytes), limits.max_texts)
-        try:
-            results = await batcher.submit(texts) if texts else []
-        except Exception:
-            return JSONResponse({"error": "prediction failed (see the server log)"}, status_code=500)
-        return results[0] if single else {"results": results}
-
-    app.state.batcher = batcher
-    return app
+    for kind in BATCHER_ERRORS:
+        app.add_exception_handler(kind, refused)
 
 
 def check_port_free(host: str, port: int) -> None:
@@ -319,15 +368,57 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"texts per batch at most (default: {defaults.max_batch_texts})")
     parser.add_argument("--max-batch-words", type=int, default=defaults.max_batch_words,
                         help=f"words per batch; a larger request runs alone (default: {defaults.max_batch_words})")
+    parser.add_argument("--max-queue", type=int, default=defaults.max_queue_texts,
+                        help="texts waiting at most; a request that would pass it gets 503 with Retry-After at once "
+                             f"(default: {defaults.max_queue_texts}; at least --max-texts)")
+    parser.add_argument("--request-timeout", type=float, default=defaults.request_timeout_s,
+                        help="seconds from arrival to answer; later gets 504 and its texts leave the queue "
+                             f"(default: {defaults.request_timeout_s:g})")
+    parser.add_argument("--max-text-chars", type=int, default=defaults.max_text_chars,
+                        help=f"a longer text gets 413 (default: {defaults.max_text_chars:,})")
+    options = ServeOptions()
+    parser.add_argument("--max-concurrency", type=int, default=options.max_concurrency,
+                        help="connections and requests at once; more get uvicorn's plain 503 "
+                             f"(default: {options.max_concurrency})")
+    parser.add_argument("--shutdown-timeout", type=float, default=options.shutdown_timeout_s,
+                        help="seconds from SIGTERM to exit: what fits is answered, the rest gets 503 "
+                             f"(default: {options.shutdown_timeout_s:g})")
     add_model_arguments(parser)
     return parser
 
 
+def limits_of(args) -> tuple[Limits, ServeOptions]:
+    """The parsed options as Limits and ServeOptions, checked."""
+    for flag, value in (("--max-queue", args.max_queue), ("--request-timeout", args.request_timeout),
+                        ("--max-text-chars", args.max_text_chars), ("--max-concurrency", args.max_concurrency),
+                        ("--shutdown-timeout", args.shutdown_timeout), ("--max-texts", args.max_texts)):
+        if not value > 0:
+            raise UserError(f"{flag} {value}: expected a number above 0")
+    if args.max_queue < args.max_texts:
+        raise UserError(f"--max-queue {args.max_queue} is below --max-texts {args.max_texts}: a request of "
+                        "--max-texts texts could never be admitted")
+    limits = Limits(max_wait_ms=args.max_wait_ms, max_batch_texts=args.max_batch_texts,
+                    max_batch_words=args.max_batch_words, max_queue_texts=args.max_queue,
+                    request_timeout_s=args.request_timeout, max_request_bytes=args.max_request_bytes,
+                    max_texts=args.max_texts, max_text_chars=args.max_text_chars)
+    return limits, ServeOptions(args.max_concurrency, args.shutdown_timeout)
+
+
+def server_config(app, args, options: ServeOptions):
+    import uvicorn
+
+    return uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
+                          limit_concurrency=options.max_concurrency,
+                          timeout_graceful_shutdown=options.shutdown_timeout_s)
+
+
 @cli
 def main(argv: list[str] | None = None) -> int:
+    """0 after a shutdown (uvicorn then re-raises SIGTERM: exit status 143); 1 when the batcher died."""
     args = build_parser().parse_args(argv)
     if not 0 <= args.port <= 65535:
         raise UserError(f"--port {args.port}: expected 0-65535")
+    limits, options = limits_of(args)
     try:
         import uvicorn
     except ImportError:
@@ -337,11 +428,18 @@ def main(argv: list[str] | None = None) -> int:
     check_port_free(args.host, args.port)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
     tagger = Tagger.from_args(args)
-    limits = Limits(args.max_request_bytes, args.max_texts, args.max_wait_ms, args.max_batch_texts,
-                    args.max_batch_words)
-    app = create_app(tagger, args.model_dir, limits)
+    app = create_app(tagger, args.model_dir, limits, options)
+    server = uvicorn.Server(server_config(app, args, options))
+
+    def stop(reason: str) -> None:  # a supervisor (systemd, Kubernetes) restarts a process that exits non-zero
+        server.should_exit = True
+
+    app.state.lifecycle.on_failure = stop
     log.info("serving %s on http://%s:%d/", args.model_dir, args.host, args.port)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    server.run()
+    if app.state.lifecycle.failure is not None:
+        log.error("exiting with status 1: %s", app.state.lifecycle.failure)
+        return 1
     return 0
 
 

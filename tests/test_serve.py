@@ -20,7 +20,8 @@ httpx = pytest.importorskip("httpx")
 from conftest import ROOT  # noqa: E402
 from fastapi.testclient import TestClient  # noqa: E402
 
-from ner.serve import Limits, MicroBatcher, create_app  # noqa: E402
+from ner.batcher import BatcherEvents  # noqa: E402
+from ner.serve import WARM_UP_TEXT, Limits, MicroBatcher, ServeOptions, create_app  # noqa: E402
 from ner.testing import free_local_port, wait_until_healthy  # noqa: E402
 
 TEXTS = ["Ada Lovelace visited London on Monday.", "", "Café \U0001F600 北京 a\u200bb\tc",
@@ -36,7 +37,7 @@ def tagger(random_model):
 
 @pytest.fixture(scope="module")
 def client(tagger, random_model):
-    app = create_app(tagger, random_model, Limits(max_request_bytes=2000, max_texts=4))
+    app = create_app(tagger, random_model, Limits(max_request_bytes=2000, max_texts=4, max_text_chars=60))
     with TestClient(app) as test_client:
         yield test_client
 
@@ -83,6 +84,7 @@ def chunks(data: bytes):
     (b'{"txt": "a"}', 422, "exactly one key"),
     (b'{"text": "\\ud800"}', 422, "surrogate"),
     (b'{"texts": ["a", "b", "c", "d", "e"]}', 413, "--max-texts"),
+    (json.dumps({"texts": ["a", "x" * 61]}).encode(), 413, "text 1 has 61 characters; the limit is 60 (--max-text"),
     # 3012 bytes: refused from Content-Length before reading, or (sent chunked) once the read passes the cap
     (json.dumps({"text": "x" * 3000}).encode(), 413, "request body is 3012 bytes; the limit is 2000 (--max-request"),
     (chunks(json.dumps({"text": "x" * 3000}).encode()), 413, "request body is over 2000 bytes (--max-request-bytes)"),
@@ -99,7 +101,7 @@ class FailsOnBoom:
 
     id2label = {0: "O", 1: "B-PER", 2: "I-PER"}
 
-    def predict(self, texts: list[str]) -> list[dict]:
+    def predict(self, texts: list[str], words=None) -> list[dict]:
         if "boom" in texts:
             raise RuntimeError("boom")
         return [{"entities": []} for _ in texts]
@@ -109,7 +111,7 @@ def test_a_failing_batch_answers_500_and_the_server_goes_on(random_model, caplog
     with TestClient(create_app(FailsOnBoom(), random_model, Limits(max_wait_ms=1))) as test_client:
         failed = test_client.post("/predict", json={"text": "boom"})
         assert failed.status_code == 500
-        assert failed.json() == {"error": "prediction failed (see the server log)"}
+        assert failed.json() == {"error": "prediction failed on text 0 (see the server log)"}
         assert "prediction failed" in caplog.text and "RuntimeError: boom" in caplog.text
         assert not test_client.app.state.batcher.task.done()  # the batching loop goes on
         after = test_client.post("/predict", json={"texts": ["fine", "also fine"]})
@@ -156,7 +158,7 @@ def test_unknown_routes_and_methods_answer_json(client):
 def test_concurrent_requests_share_a_batch_within_the_caps():
     calls: list[list[str]] = []
 
-    def predict(texts):
+    def predict(texts, words):
         calls.append(list(texts))
         return [{"entities": [], "echo": t} for t in texts]
 
@@ -178,12 +180,332 @@ def test_concurrent_requests_share_a_batch_within_the_caps():
     assert [len(c) for c in calls] == [2] * 8  # each "t0 u0" is 2 words: one request per batch
 
 
+# ----------------------------------------------------------------------------- limits and faults, in one event loop
+
+class Gated:
+    """A tagger whose batches wait for `gate` (the warm-up pass too, while `gate_warm_up`), record their texts,
+    and fail on the text "boom"; answers come from `tagger` when given, else echo the text."""
+
+    id2label = {0: "O", 1: "B-PER", 2: "I-PER"}
+
+    def __init__(self, tagger=None, gate_warm_up: bool = False) -> None:
+        self.tagger = tagger
+        self.gate = threading.Event()
+        self.gate_warm_up = gate_warm_up
+        self.calls: list[list[str]] = []  # every batch but the warm-up pass
+
+    def predict(self, texts: list[str], words=None) -> list[dict]:
+        warm_up = texts == [WARM_UP_TEXT]
+        if not warm_up:
+            self.calls.append(list(texts))
+        if not warm_up or self.gate_warm_up:
+            assert self.gate.wait(30), "the test never opened the gate"
+        if "boom" in texts:
+            raise RuntimeError("boom")
+        if self.tagger is not None:
+            return self.tagger.predict(texts, words=words)
+        return [{"entities": [], "echo": text} for text in texts]
+
+
+async def until(condition, what: str, timeout_s: float = 30) -> None:
+    """Poll a state of the server (never a fixed sleep as synchronisation)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"never: {what}"
+        await asyncio.sleep(0.005)
+
+
+def serving(model, model_dir, limits: Limits, options: ServeOptions = ServeOptions(), events=None):
+    """(app, its lifespan, an httpx client over ASGI) for a test that runs in one event loop."""
+    app = create_app(model, model_dir, limits, options, events)
+    client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://ner")
+    return app, app.router.lifespan_context(app), client
+
+
+def run(coroutine):
+    return asyncio.run(coroutine)
+
+
+class Counted(BatcherEvents):
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+
+    def _add(self, name: str, n: int = 1) -> None:
+        self.counts[name] = self.counts.get(name, 0) + n
+
+    def shed(self, texts: int) -> None:
+        self._add("shed")
+
+    def timed_out(self, texts: int) -> None:
+        self._add("timed_out", texts)
+
+    def dropped_disconnected(self, texts: int) -> None:
+        self._add("dropped_disconnected", texts)
+
+    def text_failed(self) -> None:
+        self._add("text_failed")
+
+    def batch(self, texts: int, words: int, seconds: float) -> None:
+        self._add("batch_texts", texts)
+
+
+def test_a_full_queue_answers_503_with_retry_after_before_reading_the_body(random_model):
+    model, events = Gated(), Counted()
+    app, lifespan, client = serving(model, random_model, Limits(max_wait_ms=0, max_batch_texts=1, max_queue_texts=3,
+                                                                max_texts=3), events=events)
+    body_read: list[bool] = []
+
+    async def body():
+        body_read.append(True)
+        yield b'{"text": "late"}'
+
+    async def scenario():
+        async with lifespan, client:
+            await until(lambda: app.state.lifecycle.ready, "warmed up")
+            running = asyncio.create_task(client.post("/predict", json={"text": "running"}))
+            await until(lambda: model.calls == [["running"]], "the first batch runs")
+            queued = asyncio.create_task(client.post("/predict", json={"texts": ["q1", "q2"]}))
+            await until(lambda: app.state.batcher.queued_texts() == 2, "two texts queued")
+            too_many = await client.post("/predict", json={"texts": ["a", "b"]})  # 2 + 2 > 3
+            full = asyncio.create_task(client.post("/predict", json={"text": "fits"}))
+            await until(lambda: app.state.batcher.queued_texts() == 3, "the queue is full")
+            refused = await client.post("/predict", content=body(), headers={"content-type": "application/json"})
+            model.gate.set()
+            return too_many, refused, [await t for t in (running, queued, full)]
+
+    too_many, refused, answered = run(scenario())
+    for response in (too_many, refused):
+        assert response.status_code == 503 and int(response.headers["retry-after"]) >= 1
+        assert "(--max-queue)" in response.json()["error"]
+    assert body_read == []  # refused on the queue's state alone
+    assert [r.status_code for r in answered] == [200, 200, 200]
+    assert answered[1].json() == {"results": [{"entities": [], "echo": "q1"}, {"entities": [], "echo": "q2"}]}
+    assert events.counts["shed"] == 2 and events.counts["batch_texts"] == 4
+
+
+def test_a_request_past_its_timeout_gets_504_and_its_texts_leave_the_queue(random_model):
+    model, events = Gated(), Counted()
+    app, lifespan, client = serving(model, random_model, Limits(max_wait_ms=0, request_timeout_s=0.5), events=events)
+
+    async def scenario():
+        async with lifespan, client:
+            await until(lambda: app.state.lifecycle.ready, "warmed up")
+            running = asyncio.create_task(client.post("/predict", json={"text": "running"}))
+            await until(lambda: model.calls == [["running"]], "the first batch runs")
+            waiting = await client.post("/predict", json={"texts": ["never", "computed"]})  # the model is busy
+            depth = app.state.batcher.queued_texts()
+            model.gate.set()
+            first = await running
+            after = await client.post("/predict", json={"text": "after"})
+            return waiting, depth, first, after
+
+    waiting, depth, first, after = run(scenario())
+    assert waiting.status_code == 504 and "(--request-timeout)" in waiting.json()["error"]
+    assert depth == 0  # left the queue at once
+    assert first.status_code == 504  # it had started: it cannot leave, but it is answered in time
+    assert after.status_code == 200
+    assert model.calls == [["running"], ["after"]]  # "never", "computed": never computed
+    assert events.counts["timed_out"] == 3
+
+
+def test_a_client_that_went_away_is_not_computed(random_model):
+    model, events = Gated(), Counted()
+    app, lifespan, client = serving(model, random_model, Limits(max_wait_ms=0), events=events)
+    gone = asyncio.Event()
+
+    async def post_then_leave(text: str) -> list[dict]:
+        """POST /predict straight through ASGI; the client disconnects once `gone` is set."""
+        body = json.dumps({"text": text}).encode()
+        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+                 "scheme": "http", "path": "/predict", "raw_path": b"/predict", "query_string": b"",
+                 "root_path": "", "headers": [(b"content-type", b"application/json")],
+                 "client": ("127.0.0.1", 1), "server": ("ner", 80)}
+        messages = [{"type": "http.request", "body": body, "more_body": False}]
+        sent: list[dict] = []
+
+        async def receive():
+            if messages:
+                return messages.pop()
+            await gone.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message):
+            sent.append(message)
+
+        await app(scope, receive, send)
+        return sent
+
+    async def scenario():
+        async with lifespan, client:
+            await until(lambda: app.state.lifecycle.ready, "warmed up")
+            running = asyncio.create_task(client.post("/predict", json={"text": "running"}))
+            await until(lambda: model.calls == [["running"]], "the first batch runs")
+            leaving = asyncio.create_task(post_then_leave("left"))
+            await until(lambda: app.state.batcher.queued_texts() == 1, "its text queued")
+            gone.set()
+            model.gate.set()
+            await leaving
+            return (await running).status_code, (await client.post("/predict", json={"text": "next"})).status_code
+
+    assert run(scenario()) == (200, 200)
+    assert model.calls == [["running"], ["next"]]
+    assert events.counts["dropped_disconnected"] == 1
+
+
+def test_a_failing_text_fails_only_its_request_and_the_others_get_their_answers_alone(random_model, tagger):
+    model, events = Gated(tagger), Counted()
+    app, lifespan, client = serving(model, random_model, Limits(max_wait_ms=0), events=events)
+    others = [[TEXTS[0]], ["boom", TEXTS[3]], [TEXTS[2], TEXTS[3]]]
+
+    async def scenario():
+        async with lifespan, client:
+            await until(lambda: app.state.lifecycle.ready, "warmed up")
+            running = asyncio.create_task(client.post("/predict", json={"text": "running"}))
+            await until(lambda: len(model.calls) == 1, "the first batch runs")
+            waiting = [asyncio.create_task(client.post("/predict", json={"texts": texts})) for texts in others]
+            await until(lambda: app.state.batcher.queued_texts() == 5, "three requests queued")
+            model.gate.set()
+            await running
+            return [await w for w in waiting]
+
+    ok, failed, also_ok = run(scenario())
+    assert model.calls[1] == [t for texts in others for t in texts]  # they shared one batch, which raised
+    assert failed.status_code == 500 and failed.json() == {"error": "prediction failed on text 0 (see the server log)"}
+    assert ok.status_code == also_ok.status_code == 200
+    assert ok.json()["results"] == [tagger.predict([TEXTS[0]])[0]]
+    assert also_ok.json()["results"] == [tagger.predict([t])[0] for t in (TEXTS[2], TEXTS[3])]
+    assert events.counts["text_failed"] == 1
+
+
+def test_ready_only_after_the_warm_up_pass_and_not_while_draining(random_model):
+    model = Gated(gate_warm_up=True)
+    app = create_app(model, random_model, Limits(max_wait_ms=0), ServeOptions(shutdown_timeout_s=60))
+    with TestClient(app) as test_client:
+        starting = test_client.get("/ready")
+        assert starting.status_code == 503 and starting.json()["status"] == "starting"
+        assert test_client.get("/health").status_code == 200  # alive while it warms up
+        model.gate.set()
+        deadline = time.monotonic() + 30
+        while test_client.get("/ready").status_code != 200:
+            assert time.monotonic() < deadline, "never ready"
+        app.state.lifecycle.begin_drain()
+        while test_client.get("/ready").status_code != 503:
+            assert time.monotonic() < deadline, "still ready while draining"
+        assert test_client.get("/ready").json()["status"] == "draining"
+        health = test_client.get("/health")
+        assert health.status_code == 200 and health.json()["draining"] is True
+        refused = test_client.post("/predict", json={"text": "too late"})
+        assert refused.status_code == 503 and "shutting down" in refused.json()["error"]
+
+
+def test_a_drain_answers_the_batch_in_flight_and_refuses_the_queue_at_its_deadline(random_model):
+    model = Gated()
+    app, lifespan, client = serving(model, random_model, Limits(max_wait_ms=0), ServeOptions(shutdown_timeout_s=0.4))
+
+    async def scenario():
+        async with lifespan, client:
+            await until(lambda: app.state.lifecycle.ready, "warmed up")
+            running = asyncio.create_task(client.post("/predict", json={"text": "running"}))
+            await until(lambda: model.calls == [["running"]], "the first batch runs")
+            queued = asyncio.create_task(client.post("/predict", json={"text": "queued"}))
+            await until(lambda: app.state.batcher.queued_texts() == 1, "one text queued")
+            app.state.lifecycle.begin_drain()
+            refused = await asyncio.wait_for(queued, 20)  # at the deadline, while the model is still busy
+            model.gate.set()
+            return await running, refused
+
+    running, refused = run(scenario())
+    assert running.status_code == 200 and running.json() == {"entities": [], "echo": "running"}
+    assert refused.status_code == 503 and "shutting down" in refused.json()["error"]
+    assert model.calls == [["running"]]
+
+
+def test_a_dead_batcher_makes_health_503_and_stops_the_process(random_model):
+    stopped: list[str] = []
+    app = create_app(FailsOnBoom(), random_model, Limits(max_wait_ms=0))
+    app.state.lifecycle.on_failure = stopped.append
+    with TestClient(app) as test_client:
+        assert test_client.get("/health").status_code == 200
+        test_client.portal.call(app.state.batcher.task.cancel)
+        deadline = time.monotonic() + 30
+        while test_client.get("/health").status_code != 503:
+            assert time.monotonic() < deadline, "/health still says ok"
+        assert test_client.get("/health").json()["status"] == "failed"
+        assert test_client.get("/ready").status_code == 503
+        refused = test_client.post("/predict", json={"text": "anyone?"})
+        assert refused.status_code == 503 and "restarting" in refused.json()["error"]
+    assert len(stopped) == 1 and "ended unexpectedly" in stopped[0]
+
+
+def test_each_text_is_split_once_off_the_event_loop(tagger):
+    from ner.text import split_words
+
+    split_in: list[tuple[str, threading.Thread]] = []
+    received: list = []
+
+    def split(text: str):
+        split_in.append((text, threading.current_thread()))
+        return split_words(text)
+
+    def predict(texts, words):
+        received.append(words)
+        return tagger.predict(texts, words=words, splitter=None)  # None: Tagger must not split again
+
+    async def scenario():
+        batcher = MicroBatcher(predict, Limits(max_wait_ms=0), split=split)
+        batcher.start()
+        answers = await batcher.submit(TEXTS)
+        await batcher.stop()
+        return answers
+
+    assert run(scenario()) == tagger.predict(TEXTS)
+    assert [text for text, _ in split_in] == TEXTS  # once each
+    assert all(thread is not threading.main_thread() for _, thread in split_in)  # the loop runs in this thread
+    assert received == [[split_words(text) for text in TEXTS]]
+
+
+def test_serve_flags_reach_uvicorn_and_the_batcher(random_model):
+    from ner.errors import UserError
+    from ner.serve import build_parser, limits_of, server_config
+
+    args = build_parser().parse_args([str(random_model), "--max-queue", "300", "--request-timeout", "7",
+                                      "--max-text-chars", "99", "--max-concurrency", "12", "--shutdown-timeout", "9"])
+    limits, options = limits_of(args)
+    assert (limits.max_queue_texts, limits.request_timeout_s, limits.max_text_chars) == (300, 7, 99)
+    config = server_config(object(), args, options)
+    assert (config.limit_concurrency, config.timeout_graceful_shutdown) == (12, 9)
+    assert options.drain_budget_s() == 8
+    with pytest.raises(UserError, match="--max-queue 100 is below --max-texts 256"):
+        limits_of(build_parser().parse_args([str(random_model), "--max-queue", "100"]))
+
+
 # ----------------------------------------------------------------------------- a real uvicorn process
 
-def start_server(model_dir, *extra: str) -> tuple[subprocess.Popen, str]:
+SLOW_MODEL_SERVER = """
+import sys, time
+from pathlib import Path
+import ner.infer
+from ner.serve import WARM_UP_TEXT, main
+
+seconds_per_batch, gate = float(sys.argv[1]), Path(sys.argv[2])
+real = ner.infer.Tagger.predict
+
+def slow(self, texts, *args, **kwargs):  # a slow model, held (across processes) until the test makes `gate`
+    while texts != [WARM_UP_TEXT] and not gate.exists():
+        time.sleep(0.01)
+    time.sleep(seconds_per_batch)
+    return real(self, texts, *args, **kwargs)
+
+ner.infer.Tagger.predict = slow
+sys.exit(main(sys.argv[3:]))
+"""
+
+
+def start_server(model_dir, *extra: str,
+                 launcher: tuple[str, ...] = ("-m", "ner.serve")) -> tuple[subprocess.Popen, str]:
     port = free_local_port()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    process = subprocess.Popen([sys.executable, "-m", "ner.serve", str(model_dir), "--port", str(port),
+    process = subprocess.Popen([sys.executable, *launcher, str(model_dir), "--port", str(port),
                                 "--mixed-precision", "no", *extra], cwd=ROOT, env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
@@ -253,6 +575,102 @@ def test_uvicorn_concurrent_answers_equal_answers_alone_and_sigterm_drains(rando
     finally:
         if process.poll() is None:
             process.kill()
+
+
+def poll(url: str, route: str, until, timeout_s: float = 60) -> dict:
+    """GET `route` until `until(status, body)` holds; its body."""
+    deadline = time.monotonic() + timeout_s
+    with httpx.Client(base_url=url, timeout=5) as probe:
+        while True:
+            response = probe.get(route)
+            if until(response.status_code, response.json()):
+                return response.json()
+            assert time.monotonic() < deadline, f"GET {route} never reached the state: {response.json()}"
+            time.sleep(0.01)
+
+
+@pytest.mark.slow
+def test_sigterm_with_a_full_queue_answers_everyone_and_exits_within_the_shutdown_timeout(random_model, tmp_path):
+    """A model that takes 1.5 s a batch, one text a batch, 6 texts of queue, 12 requests: 1 runs (held until
+    SIGTERM), 6 wait, 5 are shed. SIGTERM with --shutdown-timeout 3: the batch in flight is answered, no
+    other batch fits before the drain deadline (3 s less 0.75), so the queue gets 503, and the process is
+    gone within the 3 s."""
+    shutdown_timeout_s, gate = 3.0, tmp_path / "gate"
+    process, url = start_server(random_model, "--max-wait-ms", "0", "--max-batch-texts", "1", "--max-texts", "1",
+                                "--max-queue", "6", "--shutdown-timeout", str(shutdown_timeout_s),
+                                launcher=("-c", SLOW_MODEL_SERVER, "1.5", str(gate)))
+    try:
+        poll(url, "/ready", lambda status, _: status == 200)
+        responses: list = []
+        clients = connected_clients(url, 12)
+        payloads = [{"text": f"Request {i} from Ada Lovelace in London."} for i in range(12)]
+        sender = threading.Thread(target=lambda: responses.extend(post_all(url, payloads, clients)))
+        sender.start()
+        poll(url, "/health", lambda _, body: body["queued_texts"] == 6 and body["in_flight"] == 7)
+        signalled = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        gate.touch()
+        returncode = process.wait(30)
+        exit_s = time.monotonic() - signalled
+        sender.join(30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert returncode in (0, 128 + signal.SIGTERM, -signal.SIGTERM), process.stdout.read()
+    assert all(r is not None for r in responses) and len(responses) == 12  # every request answered, none dropped
+    statuses = sorted(r.status_code for r in responses)
+    assert statuses == [200] + [503] * 11, statuses
+    shed = [r for r in responses if r.status_code == 503 and "--max-queue" in r.json()["error"]]
+    assert len(shed) == 5 and all(int(r.headers["retry-after"]) >= 1 for r in shed)
+    assert sum("shutting down" in r.json()["error"] for r in responses if r.status_code == 503) == 6
+    assert exit_s < shutdown_timeout_s, f"exited {exit_s:.1f} s after SIGTERM"
+
+
+def test_a_dead_batcher_stops_the_server_with_exit_status_1(random_model, monkeypatch):
+    """main() in this process: the batching task dies on the first request; the request gets 503, and
+    uvicorn stops with status 1 for the supervisor."""
+    from ner.batcher import MicroBatcher
+    from ner.serve import main
+
+    async def dies(self, batch):
+        raise RuntimeError("injected: the batching task dies")
+
+    import uvicorn
+
+    servers: list = []
+
+    class Recorded(uvicorn.Server):
+        def __init__(self, config) -> None:
+            super().__init__(config)
+            servers.append(self)
+
+    monkeypatch.setattr(MicroBatcher, "_present", dies)
+    monkeypatch.setattr(uvicorn, "Server", Recorded)
+    port = free_local_port()
+    answers: list = []
+    returned = threading.Event()
+
+    def client() -> None:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"{url}/ready", timeout=5).status_code == 200:
+                    break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        answers.append(httpx.post(f"{url}/predict", json={"text": "Ada Lovelace"}, timeout=30))
+        if not returned.wait(30):  # the server did not stop itself: stop it, so the test fails instead of hanging
+            servers[0].should_exit = True
+
+    thread = threading.Thread(target=client)
+    thread.start()
+    status = main([str(random_model), "--port", str(port), "--mixed-precision", "no", "--shutdown-timeout", "5"])
+    returned.set()
+    thread.join(30)
+    assert status == 1
+    assert answers[0].status_code == 503 and "restarting" in answers[0].json()["error"]
 
 
 def test_taken_port_is_a_one_line_error(random_model):

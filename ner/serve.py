@@ -289,6 +289,10 @@ def create_app(tagger, model_dir: Path, limits: Limits = Limits()):
         return results[0] if single else {"results": results}
 
     app.state.batcher = batcher
+    from ner import label_studio  # Label Studio's ML backend protocol under /label-studio (docs/label_studio.md)
+
+    app.include_router(label_studio.router(label_studio.Backend(batcher.submit, model_dir, info["types"])),
+                       prefix=label_studio.PREFIX)
     return app
 
 

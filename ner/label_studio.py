@@ -1,0 +1,234 @@
+"""ner.serve as a Label Studio ML backend: the routes Label Studio 1.2x calls (label-studio-ml 2.x protocol).
+
+    python -m ner.serve runs/ner/final --host 0.0.0.0
+    curl -s localhost:8000/label-studio/health
+    # Label Studio: project > Settings > Model > Connect Model > Backend URL  http://HOST:8000/label-studio
+
+The routes live under the prefix /label-studio (the root already has /predict and /health with ner.serve's
+own bodies); Label Studio joins its paths to the URL it was given, so it calls /label-studio/health,
+/setup, /predict, /webhook and /train. docs/label_studio.md is the setup a team follows.
+
+POST /predict {"tasks": [...], "label_config": "<View>...", ...} -> {"results": [...]}: one entry per task,
+in order, {"result": [...], "score", "model_version"}, `result` empty where nothing is found. Each entity is
+a `labels` region over the project's <Text>, with Python string offsets (what Label Studio's Text tag
+counts) and value.text == text[start:end]. The task's text field, from_name and to_name come from the
+project's label config; the model's types map to the project's <Label value>s, exactly, then ignoring
+case; entities of other types are dropped and counted in the log. Texts are tagged whole by Tagger.predict
+(windows, document context), as `ner.predict` does. Errors are {"error": "..."} with status 422.
+
+The label config is parsed with defusedxml where it is installed, else with the standard library's
+ElementTree after refusing any <!DOCTYPE>/<!ENTITY> (a label config needs neither, and entity
+definitions are what entity-expansion attacks need).
+"""
+
+
+import hashlib
+import json
+import logging
+import re
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger("ner.label_studio")
+PREFIX = "/label-studio"
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.onnx")
+
+
+class ConfigError(ValueError):
+    """A label config or body this backend cannot serve: answered with 422 and the message."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where predictions go in a project: <Labels name=from_name toName=to_name> over <Text name=to_name
+    value="$field">, with the project's label values."""
+
+    from_name: str
+    to_name: str
+    field: str
+    labels: tuple[str, ...]
+
+
+def _parse_xml(config: str):
+    try:
+        import defusedxml.ElementTree as safe_tree
+    except ImportError:
+        safe_tree = None
+    if safe_tree is not None:
+        return safe_tree.fromstring(config)
+    import xml.etree.ElementTree as tree
+
+    if re.search(r"<!(DOCTYPE|ENTITY)", config, re.IGNORECASE):
+        raise ConfigError("label_config: <!DOCTYPE>/<!ENTITY> are not accepted in a label config")
+    return tree.fromstring(config)
+
+
+def parse_label_config(config: str) -> Target:
+    """The first <Labels> whose toName is a <Text> of the config; ConfigError says what is missing."""
+    if not isinstance(config, str) or not config.strip():
+        raise ConfigError("label_config: expected the project's labeling config (XML), got none")
+    try:
+        root = _parse_xml(config)
+    except Exception as exc:  # ParseError, defusedxml's DTDForbidden/EntitiesForbidden
+        raise ConfigError(f"label_config is not valid XML: {exc}") from None
+    texts = {}
+    for element in root.iter("Text"):
+        name, value = element.get("name"), element.get("value", "")
+        if name and value.startswith("$") and len(value) > 1:
+            texts[name] = value[1:]
+    found = []
+    for labels in root.iter("Labels"):
+        targets = [t.strip() for t in (labels.get("toName") or "").split(",")]
+        values = tuple(v for v in (label.get("value") for label in labels.iter("Label")) if v)
+        for to_name in targets:
+            if labels.get("name") and to_name in texts and values:
+                return Target(labels.get("name"), to_name, texts[to_name], values)
+        found.append(f"<Labels name={labels.get('name')!r} toName={labels.get('toName')!r}> "
+                     f"({len(values)} <Label value>)")
+    described = "; found " + ", ".join(found) if found else "; found no <Labels>"
+    raise ConfigError("label_config: this backend tags text spans and needs a <Labels name=... toName=...> with "
+                      "<Label value=...> children over a <Text name=... value=\"$field\">" + described +
+                      f" and <Text> names {sorted(texts) or 'none'}")
+
+
+def map_types(model_types: list[str], project_labels: tuple[str, ...]) -> dict[str, str]:
+    """Model type -> project label: the same name, else the same ignoring case; unmapped types are absent."""
+    folded = {}
+    for label in project_labels:
+        folded.setdefault(label.casefold(), label)
+    mapping = {}
+    for kind in model_types:
+        if kind in project_labels:
+            mapping[kind] = kind
+        elif kind.casefold() in folded:
+            mapping[kind] = folded[kind.casefold()]
+    return mapping
+
+
+def task_texts(tasks: object, field: str) -> list[str]:
+    """Each task's data[field]; ConfigError names the first task that lacks it."""
+    if not isinstance(tasks, list):
+        raise ConfigError('"tasks" must be a list of tasks ({"id": ..., "data": {...}})')
+    texts = []
+    for index, task in enumerate(tasks):
+        data = task.get("data") if isinstance(task, dict) else None
+        text = data.get(field) if isinstance(data, dict) else None
+        if not isinstance(text, str):
+            raise ConfigError(f"task {index} (id {task.get('id') if isinstance(task, dict) else None}): "
+                              f"data.{field} must be a string (the config's <Text value=\"${field}\">)")
+        texts.append(text)
+    return texts
+
+
+def task_result(entities: list[dict], target: Target, mapping: dict[str, str], model_version: str,
+                dropped: Counter) -> dict:
+    """One task's prediction: the entities whose type the project has, as Label Studio `labels` regions."""
+    result = []
+    for entity in entities:
+        label = mapping.get(entity["type"])
+        if label is None:
+            dropped[entity["type"]] += 1
+            continue
+        result.append({"from_name": target.from_name, "to_name": target.to_name, "type": "labels",
+                       "value": {"start": entity["start"], "end": entity["end"], "text": entity["text"],
+                                 "labels": [label]},
+                       "score": entity["score"]})
+    score = round(sum(r["score"] for r in result) / len(result), 4) if result else None
+    return {"result": result, "score": score, "model_version": model_version}
+
+
+def model_version(model_dir: Path) -> str:
+    """The export's folder name (with its parent where it is OUTPUT_DIR/final) and a short hash of its weights,
+    so Label Studio tells two models apart, and a retrained export in the same place gets a new version."""
+    model_dir = Path(model_dir)
+    digest = hashlib.sha256()
+    weights = next((model_dir / name for name in WEIGHT_FILES if (model_dir / name).is_file()),
+                   model_dir / "config.json")
+    with open(weights, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    folder = model_dir.resolve()
+    name = f"{folder.parent.name}/{folder.name}" if folder.name == "final" else folder.name
+    return f"{name}@{digest.hexdigest()[:8]}"
+
+
+def read_json(body: bytes) -> dict:
+    try:
+        payload = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"body is not JSON ({exc})") from None
+    if not isinstance(payload, dict):
+        raise ConfigError("body must be a JSON object")
+    return payload
+
+
+class Backend:
+    """What the routes share: the served model's version and types, and how texts are tagged.
+
+    `tag(texts)` is a coroutine returning Tagger.predict's results (ner.serve passes its micro-batcher's
+    submit, so Label Studio's requests share batches and limits with the others)."""
+
+    def __init__(self, tag, model_dir: Path, model_types: list[str]) -> None:
+        self.tag = tag
+        self.model_dir = Path(model_dir)
+        self.model_types = model_types
+        self.version = model_version(self.model_dir)
+
+    async def predict(self, payload: dict) -> dict:
+        target = parse_label_config(payload.get("label_config"))
+        texts = task_texts(payload.get("tasks"), target.field)
+        version = self.version
+        results = await self.tag(texts) if texts else []
+        mapping = map_types(self.model_types, target.labels)
+        dropped: Counter = Counter()
+        answer = [task_result(r["entities"], target, mapping, version, dropped) for r in results]
+        if dropped:
+            log.info("project %s: dropped %d entities of types the project's <Labels %s> lacks: %s",
+                     payload.get("project"), sum(dropped.values()), target.from_name, dict(dropped))
+        return {"results": answer}
+
+
+def router(backend: Backend, model_class: str = "ner.serve"):
+    """The APIRouter ner.serve mounts under PREFIX."""
+    from fastapi import APIRouter, Request
+    from fastapi.responses import JSONResponse
+
+    api = APIRouter()
+
+    def refused(exc: ConfigError) -> JSONResponse:
+        return JSONResponse({"error": str(exc)}, status_code=422)
+
+    @api.get("/health")
+    async def health() -> dict:
+        return {"status": "UP", "model_class": model_class, "model_version": backend.version}
+
+    @api.post("/setup")
+    async def setup(request: Request):
+        try:
+            payload = read_json(await request.body())
+            if payload.get("schema"):  # a project's config that cannot work is refused when it connects
+                parse_label_config(payload["schema"])
+        except ConfigError as exc:
+            return refused(exc)
+        return {"model_version": backend.version}
+
+    @api.post("/predict")
+    async def predict(request: Request):
+        try:
+            return await backend.predict(read_json(await request.body()))
+        except ConfigError as exc:
+            return refused(exc)
+
+    @api.post("/webhook")
+    async def webhook(request: Request):
+        try:
+            payload = read_json(await request.body())
+        except ConfigError as exc:
+            return refused(exc)
+        project = payload.get("project")
+        log.info("webhook %s (project %s)", payload.get("action"),
+                 project.get("id") if isinstance(project, dict) else project)
+        return {"status": "ok"}
+
+    return api

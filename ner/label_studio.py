@@ -16,16 +16,30 @@ project's label config; the model's types map to the project's <Label value>s, e
 case; entities of other types are dropped and counted in the log. Texts are tagged whole by Tagger.predict
 (windows, document context), as `ner.predict` does. Errors are {"error": "..."} with status 422.
 
+Retraining: on the webhook's START_TRAINING (Label Studio's *Start Training*; POST /train from Label
+Studio versions that post there), and every NER_RETRAIN_EVERY new annotations where that is set, the
+project's JSON export is fetched through Label Studio's API (LABEL_STUDIO_URL and LABEL_STUDIO_API_KEY,
+else the hostname and token Label Studio sent to /setup), `python -m ner.train` fine-tunes the served model
+on it in a separate process (output under NER_RETRAIN_DIR, default MODEL_DIR/../label-studio-runs; extra
+flags in NER_RETRAIN_ARGS), and the new export is loaded off the event loop and then swapped in with one
+assignment: requests never see a half-loaded model, the server answers throughout, and the new
+model_version is what /setup reports next (so Label Studio retrieves predictions again).
+
 The label config is parsed with defusedxml where it is installed, else with the standard library's
 ElementTree after refusing any <!DOCTYPE>/<!ENTITY> (a label config needs neither, and entity
 definitions are what entity-expansion attacks need).
 """
 
 
+import asyncio
 import hashlib
 import json
 import logging
+import os
 import re
+import shlex
+import sys
+import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -169,24 +183,138 @@ class Backend:
     `tag(texts)` is a coroutine returning Tagger.predict's results (ner.serve passes its micro-batcher's
     submit, so Label Studio's requests share batches and limits with the others)."""
 
-    def __init__(self, tag, model_dir: Path, model_types: list[str]) -> None:
+    def __init__(self, tag, model_dir: Path, model_types: list[str], swap_predict=None) -> None:
         self.tag = tag
         self.model_dir = Path(model_dir)
         self.model_types = model_types
         self.version = model_version(self.model_dir)
+        self.swap_predict = swap_predict  # (Tagger) -> None: where the batcher's model is replaced
+        self.retrainer = Retrainer(self)
+
+    async def tag_consistently(self, texts: list[str]) -> tuple[list[dict], str, list[str]]:
+        """(results, the version that made them, its types): tagged again if a swap happened meanwhile."""
+        while True:
+            version, types = self.version, self.model_types
+            results = await self.tag(texts) if texts else []
+            if self.version == version:  # no swap since the batch was queued: the old model made it
+                return results, version, types
+
+    def swap(self, tagger, model_dir: Path, version: str) -> None:
+        """Serve a fully loaded `tagger` from now on; on the event loop, so no request sees half of it."""
+        from ner.data import entity_types
+
+        self.swap_predict(tagger)
+        self.model_dir, self.version = Path(model_dir), version
+        self.model_types = entity_types([tagger.id2label[i] for i in sorted(tagger.id2label)])
+        log.info("now serving %s (model_version %s)", model_dir, version)
 
     async def predict(self, payload: dict) -> dict:
         target = parse_label_config(payload.get("label_config"))
         texts = task_texts(payload.get("tasks"), target.field)
-        version = self.version
-        results = await self.tag(texts) if texts else []
-        mapping = map_types(self.model_types, target.labels)
+        results, version, types = await self.tag_consistently(texts)
+        mapping = map_types(types, target.labels)
         dropped: Counter = Counter()
         answer = [task_result(r["entities"], target, mapping, version, dropped) for r in results]
         if dropped:
             log.info("project %s: dropped %d entities of types the project's <Labels %s> lacks: %s",
                      payload.get("project"), sum(dropped.values()), target.from_name, dict(dropped))
         return {"results": answer}
+
+
+def project_id(project: object) -> int | None:
+    """The project's id from a webhook's {"id": ...} or Label Studio's "ID.TIMESTAMP" string."""
+    if isinstance(project, dict):
+        project = project.get("id")
+    text = str(project).split(".")[0] if project is not None else ""
+    return int(text) if text.isdigit() else None
+
+
+class Retrainer:
+    """Fetch a project's export, fine-tune the served model on it in another process, swap the result in."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self.url = os.environ.get("LABEL_STUDIO_URL")
+        self.api_key = os.environ.get("LABEL_STUDIO_API_KEY")
+        self.every = int(os.environ.get("NER_RETRAIN_EVERY", "0"))  # 0: only on START_TRAINING
+        self.extra_args = shlex.split(os.environ.get("NER_RETRAIN_ARGS", ""))
+        self.out_dir = Path(os.environ.get("NER_RETRAIN_DIR") or backend.model_dir.parent / "label-studio-runs")
+        self.task: asyncio.Task | None = None
+        self.new_annotations: Counter = Counter()
+        self.last: dict = {"status": "idle"}
+        self.transport = None  # an httpx transport, for tests
+
+    def remember(self, payload: dict) -> None:
+        """/setup's hostname and token: used where LABEL_STUDIO_URL / LABEL_STUDIO_API_KEY are not set."""
+        self.url = self.url or payload.get("hostname")
+        self.api_key = self.api_key or payload.get("access_token")
+
+    def on_event(self, action: object, project: int | None) -> bool:
+        """Start a training for START_TRAINING, or the NER_RETRAIN_EVERY-th new annotation; True if started."""
+        if action in ("ANNOTATION_CREATED", "ANNOTATIONS_CREATED", "ANNOTATION_UPDATED") and self.every:
+            self.new_annotations[project] += 1
+            if self.new_annotations[project] < self.every:
+                return False
+            self.new_annotations[project] = 0
+        elif action != "START_TRAINING":
+            return False
+        return self.start(project)
+
+    def start(self, project: int | None) -> bool:
+        if project is None or not self.url or not self.api_key:
+            log.warning("cannot train for project %s: set LABEL_STUDIO_URL and LABEL_STUDIO_API_KEY (or connect "
+                        "the model again, so /setup brings Label Studio's address and token)", project)
+            return False
+        if self.task is not None and not self.task.done():
+            log.info("a training is running already; project %s's request is skipped", project)
+            return False
+        self.new_annotations[project] = 0
+        self.task = asyncio.get_running_loop().create_task(self.run(project))
+        return True
+
+    async def run(self, project: int) -> None:
+        run_dir = self.out_dir / f"project{project}-{time.strftime('%Y%m%d-%H%M%S')}"
+        self.last = {"status": "training", "project": project, "output_dir": str(run_dir)}
+        try:
+            run_dir.mkdir(parents=True, exist_ok=False)
+            export = await self.fetch_export(project, run_dir / "export.json")
+            returncode = await self.train(export, run_dir)
+            if returncode != 0:
+                raise RuntimeError(f"ner.train exited with {returncode}; see {run_dir / 'train.log'}")
+            await self.load_and_swap(run_dir / "final")
+            self.last = {**self.last, "status": "done", "model_version": self.backend.version}
+        except Exception as exc:  # the served model stays; the reason is logged and shown by /health
+            log.exception("training for project %s failed", project)
+            self.last = {**self.last, "status": "failed", "error": str(exc)}
+
+    async def fetch_export(self, project: int, path: Path) -> Path:
+        import httpx
+
+        async with httpx.AsyncClient(base_url=self.url, transport=self.transport, timeout=300,
+                                     headers={"Authorization": f"Token {self.api_key}"}) as client:
+            response = await client.get(f"/api/projects/{project}/export", params={"exportType": "JSON"})
+            response.raise_for_status()
+        path.write_bytes(response.content)
+        log.info("project %s: %d tasks exported to %s", project, len(response.json()), path)
+        return path
+
+    async def train(self, export: Path, run_dir: Path) -> int:
+        """`python -m ner.train` from the served model, in its own process; the event loop only waits."""
+        command = [sys.executable, "-m", "ner.train", "--model", str(self.backend.model_dir), "--train-file",
+                   str(export), "--output-dir", str(run_dir), "--quiet", *self.extra_args]
+        log.info("training: %s", shlex.join(command))
+        with open(run_dir / "train.log", "wb") as log_file:
+            process = await asyncio.create_subprocess_exec(*command, stdout=log_file, stderr=log_file)
+            return await process.wait()
+
+    async def load_and_swap(self, model_dir: Path) -> None:
+        from ner.infer import Tagger
+
+        def load():  # in a thread: the served model keeps answering while the new one loads
+            return Tagger(model_dir), model_version(model_dir)
+
+        tagger, version = await asyncio.to_thread(load)
+        self.backend.swap(tagger, model_dir, version)
 
 
 def router(backend: Backend, model_class: str = "ner.serve"):
@@ -201,7 +329,8 @@ def router(backend: Backend, model_class: str = "ner.serve"):
 
     @api.get("/health")
     async def health() -> dict:
-        return {"status": "UP", "model_class": model_class, "model_version": backend.version}
+        return {"status": "UP", "model_class": model_class, "model_version": backend.version,
+                "training": backend.retrainer.last}
 
     @api.post("/setup")
     async def setup(request: Request):
@@ -211,6 +340,7 @@ def router(backend: Backend, model_class: str = "ner.serve"):
                 parse_label_config(payload["schema"])
         except ConfigError as exc:
             return refused(exc)
+        backend.retrainer.remember(payload)
         return {"model_version": backend.version}
 
     @api.post("/predict")
@@ -226,9 +356,16 @@ def router(backend: Backend, model_class: str = "ner.serve"):
             payload = read_json(await request.body())
         except ConfigError as exc:
             return refused(exc)
-        project = payload.get("project")
-        log.info("webhook %s (project %s)", payload.get("action"),
-                 project.get("id") if isinstance(project, dict) else project)
-        return {"status": "ok"}
+        project = project_id(payload.get("project"))
+        log.info("webhook %s (project %s)", payload.get("action"), project)
+        return {"status": "ok", "training": backend.retrainer.on_event(payload.get("action"), project)}
+
+    @api.post("/train")
+    async def train(request: Request):  # Label Studio's *Start Training* where its webhook flag is off
+        try:
+            payload = read_json(await request.body())
+        except ConfigError as exc:
+            return refused(exc)
+        return {"status": "ok", "training": backend.retrainer.start(project_id(payload.get("project")))}
 
     return api

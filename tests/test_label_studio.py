@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
+import threading
+import time
+from pathlib import Path
 
 import pytest
 
 fastapi = pytest.importorskip("fastapi")
-pytest.importorskip("httpx")
+httpx = pytest.importorskip("httpx")
 
 from fastapi.testclient import TestClient  # noqa: E402
 
@@ -197,3 +201,148 @@ def test_webhook_is_accepted_and_logged(client, caplog):
         response = client.post("/label-studio/webhook", json={"action": "ANNOTATION_CREATED", "project": {"id": 3}})
     assert response.status_code == 200
     assert "ANNOTATION_CREATED (project 3)" in caplog.text
+
+
+# -- retraining: START_TRAINING -> export -> ner.train in another process -> swap ------------------------------
+
+TINY_TRAINING = "--max-seq-length 32 --batch-size 8 --max-tokens 0 --num-epochs 1 --learning-rate 1e-3 " \
+                "--mixed-precision no --seed 7"
+
+
+def label_studio_export(sentences: list[list[tuple[str, str]]]) -> list[dict]:
+    """Sentences as Label Studio's JSON export: one task each, one annotation with its entities."""
+    tasks = []
+    for index, sentence in enumerate(sentences):
+        text, result = "", []
+        for i, (word, tag) in enumerate(sentence):
+            start = len(text) + (i > 0)
+            text += (" " if i else "") + word
+            if tag.startswith("B-"):
+                result.append({"from_name": "label", "to_name": "text", "type": "labels",
+                               "value": {"start": start, "end": len(text), "labels": [tag[2:]]}})
+            elif tag.startswith("I-"):
+                result[-1]["value"]["end"] = len(text)
+        for region in result:
+            region["value"]["text"] = text[region["value"]["start"]:region["value"]["end"]]
+        tasks.append({"id": index + 1, "data": {"text": text}, "annotations": [{"id": index + 1, "result": result}]})
+    return tasks
+
+
+@pytest.fixture
+def retraining_app(tagger, random_model, tmp_path, monkeypatch):
+    """(app, the requests the fake Label Studio got): the export is served by an httpx mock transport."""
+    from conftest import make_sentences
+
+    monkeypatch.setenv("NER_RETRAIN_DIR", str(tmp_path / "runs"))
+    monkeypatch.setenv("NER_RETRAIN_ARGS", TINY_TRAINING)
+    monkeypatch.delenv("LABEL_STUDIO_URL", raising=False)
+    monkeypatch.delenv("LABEL_STUDIO_API_KEY", raising=False)
+    export = label_studio_export(make_sentences(24, seed=5))
+    seen = []
+
+    def label_studio(request):
+        seen.append(request)
+        return httpx.Response(200, json=export)
+
+    app = create_app(tagger, random_model, Limits())
+    app.state.label_studio.retrainer.transport = httpx.MockTransport(label_studio)
+    return app, seen
+
+
+def connect(client) -> None:
+    setup = client.post("/label-studio/setup", json={"project": "5.1700000000", "schema": NER_CONFIG,
+                                                     "hostname": "http://label-studio.test", "access_token": "tok"})
+    assert setup.status_code == 200
+
+
+def wait_for_training(client, timeout_s: float = 300) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        status = client.get("/label-studio/health").json()["training"]
+        if status["status"] != "training":
+            return status
+        time.sleep(0.2)
+    raise AssertionError("training did not finish")
+
+
+def test_start_training_fine_tunes_the_served_model_and_swaps_it_in(retraining_app, random_model, tmp_path):
+    app, seen = retraining_app
+    with TestClient(app) as client:
+        connect(client)
+        before = client.get("/label-studio/health").json()["model_version"]
+        started = client.post("/label-studio/webhook", json={"action": "START_TRAINING", "project": {"id": 5}})
+        assert started.json() == {"status": "ok", "training": True}
+        status = wait_for_training(client)
+        assert status["status"] == "done", status
+        [request] = seen
+        assert str(request.url) == "http://label-studio.test/api/projects/5/export?exportType=JSON"
+        assert request.headers["authorization"] == "Token tok"
+        new_dir = Path(status["output_dir"]) / "final"
+        assert new_dir.parent.parent == tmp_path / "runs" and (new_dir.parent / "export.json").is_file()
+        after = model_version(new_dir)
+        assert status["model_version"] == after != before
+        assert client.post("/label-studio/setup", json={}).json() == {"model_version": after}
+        [answer] = predict(client, [TEXTS[0]])
+        assert answer["model_version"] == after
+        from ner.infer import Tagger
+
+        expected = Tagger(new_dir).predict([TEXTS[0]])[0]["entities"]
+        assert [(r["value"]["start"], r["value"]["end"]) for r in answer["result"]] == [
+            (e["start"], e["end"]) for e in expected]
+
+
+def test_server_answers_while_training_and_keeps_its_model_when_training_fails(retraining_app, random_model):
+    app, _ = retraining_app
+    retrainer = app.state.label_studio.retrainer
+    release = threading.Event()
+
+    async def blocked_training(export, run_dir):  # stands in for ner.train: runs until the test releases it
+        await asyncio.to_thread(release.wait)
+        return 1
+
+    retrainer.train = blocked_training
+    before = model_version(random_model)
+    with TestClient(app) as client:
+        connect(client)
+        assert client.post("/label-studio/train", json={"project": "5.1700000000"}).json()["training"] is True
+        try:
+            [answer] = predict(client, [TEXTS[0]])  # answered while the training runs
+            assert answer["model_version"] == before
+            assert client.get("/label-studio/health").json()["training"]["status"] == "training"
+            again = client.post("/label-studio/webhook", json={"action": "START_TRAINING", "project": {"id": 5}})
+            assert again.json()["training"] is False  # one training at a time
+        finally:
+            release.set()
+        status = wait_for_training(client)
+        assert status["status"] == "failed" and "exited with 1" in status["error"]
+        assert client.get("/label-studio/health").json()["model_version"] == before
+        assert predict(client, [TEXTS[0]])[0]["model_version"] == before
+
+
+def test_every_n_new_annotations_start_a_training(retraining_app):
+    app, _ = retraining_app
+    retrainer = app.state.label_studio.retrainer
+    started = []
+    retrainer.every = 2
+    retrainer.start = lambda project: started.append(project) or True
+    with TestClient(app) as client:
+        for action in ("ANNOTATION_CREATED", "PROJECT_UPDATED", "ANNOTATION_UPDATED", "ANNOTATION_CREATED"):
+            client.post("/label-studio/webhook", json={"action": action, "project": {"id": 9}})
+    assert started == [9]
+
+
+def test_a_swap_during_a_request_tags_it_again_with_the_new_model(tagger, random_model, tmp_path):
+    from ner.label_studio import Backend
+
+    calls = []
+
+    async def tag(texts):
+        calls.append(backend.version)
+        if len(calls) == 1:  # the model is replaced while this batch runs
+            backend.swap(tagger, tmp_path / "new", "new@00000000")
+        return [{"entities": []} for _ in texts]
+
+    backend = Backend(tag, random_model, ["PER"], swap_predict=lambda new: None)
+    answer = asyncio.run(backend.predict({"tasks": tasks_of(["a"]), "label_config": NER_CONFIG}))
+    assert calls == [model_version(random_model), "new@00000000"]
+    assert answer["results"][0]["model_version"] == "new@00000000"

@@ -37,6 +37,8 @@ LABEL_CONFIG = """<View>
   </Labels>
   <Text name="text" value="$text"/>
 </View>"""
+TINY_TRAINING = "--max-seq-length 32 --batch-size 8 --max-tokens 0 --num-epochs 1 --learning-rate 1e-3 " \
+                "--mixed-precision no --seed 7"
 START_TIMEOUT_S = 900  # the first start migrates a new database: minutes on a loaded 2-core machine
 
 
@@ -97,7 +99,8 @@ def backend(random_model, tmp_path_factory):
     """(URL to paste into Label Studio, the server's log file) of `python -m ner.serve` on the tiny model."""
     port = free_local_port()
     log_path = tmp_path_factory.mktemp("serve") / "serve.log"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1",
+           "NER_RETRAIN_DIR": str(log_path.parent / "retrained"), "NER_RETRAIN_ARGS": TINY_TRAINING}
     with open(log_path, "w") as log_file:
         process = subprocess.Popen(python_module("ner.serve", str(random_model), "--port", str(port)),
                                    stdout=log_file, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
@@ -185,6 +188,8 @@ def test_label_studio_gets_predictions_from_ner_serve_then_its_export_trains(lab
     assert len(json.loads(export.text)) == len(gold)
     assert "webhook ANNOTATION_CREATED" in serve_log.read_text()  # Label Studio's webhook reached ner.serve
 
+    retrain_through_label_studio(client, project_id, backend_url, version, tasks)
+
     out = tmp_path / "run"
     trained = run_cli(python_module("ner.train", "--model", str(tiny_bert), "--train-file", str(export_file),
                                     "--validation-file", str(export_file), "--output-dir", str(out),
@@ -197,3 +202,23 @@ def test_label_studio_gets_predictions_from_ner_serve_then_its_export_trains(lab
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     scores = json.loads(report.read_text())
     assert scores["support"] == sum(len(spans) for _, spans in gold), scores  # every annotated entity scored
+
+
+def retrain_through_label_studio(client, project_id: int, backend_url: str, version: str, tasks: list[dict]) -> None:
+    """*Start Training* in Label Studio: ner.serve fetches the export with the token /setup gave it, fine-tunes,
+    swaps; Label Studio then gets predictions of the new version."""
+    [ml] = client.get("/api/ml", params={"project": project_id}).json()
+    started = client.post(f"/api/ml/{ml['id']}/train", json={})
+    assert started.status_code == 200, started.text
+    deadline = time.monotonic() + 300
+    while (status := httpx.get(f"{backend_url}/health").json()["training"])["status"] in ("idle", "training"):
+        assert time.monotonic() < deadline, status
+        time.sleep(0.5)
+    assert status["status"] == "done", status
+    assert status["model_version"] != version
+    action = client.post("/api/dm/actions", params={"id": "retrieve_tasks_predictions", "project": project_id},
+                         json={"selectedItems": {"all": True, "excluded": []}})
+    assert action.status_code == 200, action.text
+    for task in tasks:
+        versions = [p["model_version"] for p in client.get(f"/api/tasks/{task['id']}").json()["predictions"]]
+        assert status["model_version"] in versions, versions

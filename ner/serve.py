@@ -308,6 +308,12 @@ def create_app(tagger, model_dir: Path, limits: Limits = Limits(), options: Serv
 
     app.state.batcher = batcher
     app.state.lifecycle = lifecycle
+    from ner import label_studio  # Label Studio's ML backend protocol under /label-studio (docs/label_studio.md)
+
+    backend = label_studio.Backend(batcher.submit, model_dir, info["types"],
+                                   swap_predict=lambda new: setattr(batcher, "predict", new.predict))
+    app.include_router(label_studio.router(backend), prefix=label_studio.PREFIX)
+    app.state.label_studio = backend
     return app
 
 

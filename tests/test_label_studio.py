@@ -1,0 +1,348 @@
+"""ner.serve as a Label Studio ML backend (/label-studio/*), offline: FastAPI's TestClient, the tiny model."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+fastapi = pytest.importorskip("fastapi")
+httpx = pytest.importorskip("httpx")
+
+from fastapi.testclient import TestClient  # noqa: E402
+
+from ner.label_studio import ConfigError, Target, map_types, model_version, parse_label_config  # noqa: E402
+from ner.serve import Limits, create_app  # noqa: E402
+
+NER_CONFIG = """<View>
+  <Labels name="label" toName="text">
+    <Label value="PER" background="red"/><Label value="ORG" background="darkorange"/>
+    <Label value="LOC" background="orange"/><Label value="MISC" background="green"/>
+  </Labels>
+  <Text name="text" value="$text"/>
+</View>"""
+
+TEXTS = ["Ada Lovelace visited London on Monday.", "", "Café \U0001F600 北京 Alan Turing met Grace Hopper in Paris.",
+         "Shares of Acme Corp rose in Paris after Alan Turing spoke."]
+
+
+def tasks_of(texts: list[str], field: str = "text") -> list[dict]:
+    return [{"id": i + 10, "data": {field: text}} for i, text in enumerate(texts)]
+
+
+@pytest.fixture(scope="module")
+def tagger(random_model):
+    from ner.infer import Tagger
+
+    return Tagger(random_model, precision="no")
+
+
+@pytest.fixture(scope="module")
+def client(tagger, random_model):
+    with TestClient(create_app(tagger, random_model, Limits())) as test_client:
+        yield test_client
+
+
+def predict(client, texts, config=NER_CONFIG, field="text"):
+    response = client.post("/label-studio/predict", json={"tasks": tasks_of(texts, field), "label_config": config,
+                                                          "project": "1.1700000000", "params": {}})
+    assert response.status_code == 200, response.text
+    return response.json()["results"]
+
+
+# -- the label config ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("config", "expected"), [
+    (NER_CONFIG, Target("label", "text", "text", ("PER", "ORG", "LOC", "MISC"))),
+    # other tags around it, a <Labels> over an image first, the text field named otherwise
+    ("""<View><Header value="Tag the names"/><Image name="img" value="$image"/>
+        <Labels name="boxes" toName="img"><Label value="Car"/></Labels>
+        <Choices name="sentiment" toName="body"><Choice value="Positive"/></Choices>
+        <Text name="body" value="$article"/><TextArea name="note" toName="body"/>
+        <View><Labels name="ents" toName="body"><Label value="Person"/><Label value="Place"/></Labels></View>
+     </View>""", Target("ents", "body", "article", ("Person", "Place"))),
+    # toName listing several objects, one of them a <Text>; a <Label> without a value is skipped
+    ("""<View><Text name="t2" value="$t2"/><Labels name="l" toName="other, t2"><Label value="ORG"/><Label/>
+        </Labels></View>""", Target("l", "t2", "t2", ("ORG",))),
+])
+def test_label_config_finds_the_labels_over_a_text(config, expected):
+    assert parse_label_config(config) == expected
+
+
+@pytest.mark.parametrize(("config", "says"), [
+    ("<View><Text name='text' value='$text'/><Choices name='c' toName='text'><Choice value='A'/></Choices></View>",
+     "found no <Labels>"),
+    ("<View><Image name='img' value='$img'/><Labels name='l' toName='img'><Label value='A'/></Labels></View>",
+     "toName='img'"),
+    ("<View><Text value='$text'/><Labels name='l' toName='text'><Label value='A'/></Labels></View>",
+     "<Text> names none"),  # the <Text> has no name
+    ("<View><Text name='text' value='text'/><Labels name='l' toName='text'><Label value='A'/></Labels></View>",
+     "<Text> names none"),  # value without $: not a task field
+    ("<View><Text name='text' value='$text'/><Labels toName='text'><Label value='A'/></Labels></View>",
+     "name=None"),  # the <Labels> has no name
+    ("<View><Text name='text' value='$text'/><Labels name='l' toName='text'></Labels></View>", "0 <Label value>"),
+    ("<View><Text name='text'", "not valid XML"),
+    ('<!DOCTYPE v [<!ENTITY a "aaaa">]><View>&a;</View>', "DOCTYPE"),
+    ("", "got none"),
+])
+def test_label_config_without_labels_over_a_text_is_refused(config, says):
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        parse_label_config(config)
+
+
+def test_types_map_exactly_then_ignoring_case_and_others_are_left_out():
+    assert map_types(["PER", "LOC", "ORG", "MISC"], ("per", "Per", "LOC", "loc", "Organisation")) == {
+        "PER": "per", "LOC": "LOC"}
+
+
+# -- the routes -----------------------------------------------------------------------------------------------
+
+def test_health_and_setup_name_the_model_version(client, random_model):
+    health = client.get("/label-studio/health")
+    assert health.status_code == 200
+    assert health.json()["status"] == "UP" and health.json()["model_class"]
+    setup = client.post("/label-studio/setup", json={"project": "1.1700000000", "schema": NER_CONFIG,
+                                                     "hostname": "http://localhost:8080", "access_token": "x"})
+    assert setup.status_code == 200, setup.text
+    assert setup.json() == {"model_version": model_version(random_model)}
+    assert model_version(random_model).startswith(random_model.name + "@")
+    assert client.get("/health").json()["status"] == "ok"  # ner.serve's own routes are left as they were
+
+
+def test_model_version_changes_with_the_weights(random_model, tmp_path):
+    import shutil
+
+    copy = shutil.copytree(random_model, tmp_path / "conll" / "final")
+    assert model_version(copy).startswith("conll/final@")
+    assert model_version(copy).split("@")[1] == model_version(random_model).split("@")[1]
+    weights = copy / "model.safetensors"
+    weights.write_bytes(weights.read_bytes() + b" ")
+    assert model_version(copy).split("@")[1] != model_version(random_model).split("@")[1]
+
+
+def test_predict_gives_one_entry_per_task_in_order_with_offsets_into_the_text(client, tagger, random_model):
+    expected = tagger.predict(TEXTS)
+    assert any(r["entities"] for r in expected)
+    for texts in (TEXTS, TEXTS[::-1]):
+        results = predict(client, texts)
+        assert len(results) == len(texts)
+        for text, answer in zip(texts, results):
+            entities = expected[TEXTS.index(text)]["entities"]
+            assert answer["model_version"] == model_version(random_model)
+            assert [(r["value"]["start"], r["value"]["end"], r["value"]["labels"]) for r in answer["result"]] == [
+                (e["start"], e["end"], [e["type"]]) for e in entities]
+            for region in answer["result"]:
+                assert region["from_name"] == "label" and region["to_name"] == "text"
+                assert region["type"] == "labels" and 0 <= region["score"] <= 1
+                assert region["value"]["text"] == text[region["value"]["start"]:region["value"]["end"]]
+    assert predict(client, [""])[0] == {"result": [], "score": None, "model_version": model_version(random_model)}
+
+
+def test_predict_maps_types_to_the_project_and_counts_the_dropped(client, tagger, caplog):
+    config = """<View><Labels name="ner" toName="doc"><Label value="per"/><Label value="Location"/></Labels>
+                <Text name="doc" value="$body"/></View>"""
+    expected = tagger.predict(TEXTS)
+    kept = sum(e["type"] == "PER" for r in expected for e in r["entities"])
+    dropped = sum(e["type"] != "PER" for r in expected for e in r["entities"])
+    assert kept and dropped
+    with caplog.at_level(logging.INFO, logger="ner.label_studio"):
+        results = predict(client, TEXTS, config, field="body")
+    regions = [region for answer in results for region in answer["result"]]
+    assert len(regions) == kept
+    assert {(r["from_name"], r["to_name"], *r["value"]["labels"]) for r in regions} == {("ner", "doc", "per")}
+    assert f"dropped {dropped} entities" in caplog.text
+    nothing = predict(client, TEXTS, config.replace('"per"', '"Person"'), field="body")
+    assert [answer["result"] for answer in nothing] == [[] for _ in TEXTS]
+    assert [answer["score"] for answer in nothing] == [None for _ in TEXTS]
+
+
+def test_long_text_is_tagged_whole(client, tagger):
+    text = " ".join(TEXTS[i % len(TEXTS)] for i in range(300))  # ~2,700 words: many windows
+    assert len(text.split()) > 2000
+    [answer] = predict(client, [text])
+    [expected] = tagger.predict([text])
+    assert [(r["value"]["start"], r["value"]["end"]) for r in answer["result"]] == [
+        (e["start"], e["end"]) for e in expected["entities"]]
+    assert max(r["value"]["end"] for r in answer["result"]) > len(text) * 0.9  # entities to the very end
+    assert all(r["value"]["text"] == text[r["value"]["start"]:r["value"]["end"]] for r in answer["result"])
+
+
+def with_config(tasks: object) -> bytes:
+    return json.dumps({"tasks": tasks, "label_config": NER_CONFIG}).encode()
+
+
+@pytest.mark.parametrize(("path", "body", "says"), [
+    ("predict", b'{"tasks": ', "not JSON"),
+    ("predict", b'[1, 2]', "JSON object"),
+    ("predict", b'{"tasks": [], "label_config": "<View/>"}', "found no <Labels>"),
+    ("predict", b'{"tasks": []}', "got none"),
+    ("predict", with_config({"data": {}}), "must be a list"),
+    ("predict", with_config([{"id": 7, "data": {"txt": "a"}}]), "task 0 (id 7): data.text must be a string"),
+    ("predict", with_config([{"id": 7, "data": {"text": 5}}]), "data.text must be a string"),
+    ("setup", b'{"project": "1.1", "schema": "<View><Text name=\\"t\\" value=\\"$t\\"/></View>"}',
+     "found no <Labels>"),
+    ("setup", b"\xff", "not JSON"),
+    ("webhook", b"nope", "not JSON"),
+])
+def test_bad_bodies_get_422_with_a_json_error(client, path, body, says):
+    response = client.post(f"/label-studio/{path}", content=body, headers={"content-type": "application/json"})
+    assert response.status_code == 422
+    assert says in response.json()["error"]
+
+
+def test_webhook_is_accepted_and_logged(client, caplog):
+    with caplog.at_level(logging.INFO, logger="ner.label_studio"):
+        response = client.post("/label-studio/webhook", json={"action": "ANNOTATION_CREATED", "project": {"id": 3}})
+    assert response.status_code == 200
+    assert "ANNOTATION_CREATED (project 3)" in caplog.text
+
+
+# -- retraining: START_TRAINING -> export -> ner.train in another process -> swap ------------------------------
+
+TINY_TRAINING = "--max-seq-length 32 --batch-size 8 --max-tokens 0 --num-epochs 1 --learning-rate 1e-3 " \
+                "--mixed-precision no --seed 7"
+
+
+def label_studio_export(sentences: list[list[tuple[str, str]]]) -> list[dict]:
+    """Sentences as Label Studio's JSON export: one task each, one annotation with its entities."""
+    tasks = []
+    for index, sentence in enumerate(sentences):
+        text, result = "", []
+        for i, (word, tag) in enumerate(sentence):
+            start = len(text) + (i > 0)
+            text += (" " if i else "") + word
+            if tag.startswith("B-"):
+                result.append({"from_name": "label", "to_name": "text", "type": "labels",
+                               "value": {"start": start, "end": len(text), "labels": [tag[2:]]}})
+            elif tag.startswith("I-"):
+                result[-1]["value"]["end"] = len(text)
+        for region in result:
+            region["value"]["text"] = text[region["value"]["start"]:region["value"]["end"]]
+        tasks.append({"id": index + 1, "data": {"text": text}, "annotations": [{"id": index + 1, "result": result}]})
+    return tasks
+
+
+@pytest.fixture
+def retraining_app(tagger, random_model, tmp_path, monkeypatch):
+    """(app, the requests the fake Label Studio got): the export is served by an httpx mock transport."""
+    from conftest import make_sentences
+
+    monkeypatch.setenv("NER_RETRAIN_DIR", str(tmp_path / "runs"))
+    monkeypatch.setenv("NER_RETRAIN_ARGS", TINY_TRAINING)
+    monkeypatch.delenv("LABEL_STUDIO_URL", raising=False)
+    monkeypatch.delenv("LABEL_STUDIO_API_KEY", raising=False)
+    export = label_studio_export(make_sentences(24, seed=5))
+    seen = []
+
+    def label_studio(request):
+        seen.append(request)
+        return httpx.Response(200, json=export)
+
+    app = create_app(tagger, random_model, Limits())
+    app.state.label_studio.retrainer.transport = httpx.MockTransport(label_studio)
+    return app, seen
+
+
+def connect(client) -> None:
+    setup = client.post("/label-studio/setup", json={"project": "5.1700000000", "schema": NER_CONFIG,
+                                                     "hostname": "http://label-studio.test", "access_token": "tok"})
+    assert setup.status_code == 200
+
+
+def wait_for_training(client, timeout_s: float = 300) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        status = client.get("/label-studio/health").json()["training"]
+        if status["status"] != "training":
+            return status
+        time.sleep(0.2)
+    raise AssertionError("training did not finish")
+
+
+def test_start_training_fine_tunes_the_served_model_and_swaps_it_in(retraining_app, random_model, tmp_path):
+    app, seen = retraining_app
+    with TestClient(app) as client:
+        connect(client)
+        before = client.get("/label-studio/health").json()["model_version"]
+        started = client.post("/label-studio/webhook", json={"action": "START_TRAINING", "project": {"id": 5}})
+        assert started.json() == {"status": "ok", "training": True}
+        status = wait_for_training(client)
+        assert status["status"] == "done", status
+        [request] = seen
+        assert str(request.url) == "http://label-studio.test/api/projects/5/export?exportType=JSON"
+        assert request.headers["authorization"] == "Token tok"
+        new_dir = Path(status["output_dir"]) / "final"
+        assert new_dir.parent.parent == tmp_path / "runs" and (new_dir.parent / "export.json").is_file()
+        after = model_version(new_dir)
+        assert status["model_version"] == after != before
+        assert client.post("/label-studio/setup", json={}).json() == {"model_version": after}
+        [answer] = predict(client, [TEXTS[0]])
+        assert answer["model_version"] == after
+        from ner.infer import Tagger
+
+        expected = Tagger(new_dir).predict([TEXTS[0]])[0]["entities"]
+        assert [(r["value"]["start"], r["value"]["end"]) for r in answer["result"]] == [
+            (e["start"], e["end"]) for e in expected]
+
+
+def test_server_answers_while_training_and_keeps_its_model_when_training_fails(retraining_app, random_model):
+    app, _ = retraining_app
+    retrainer = app.state.label_studio.retrainer
+    release = threading.Event()
+
+    async def blocked_training(export, run_dir):  # stands in for ner.train: runs until the test releases it
+        await asyncio.to_thread(release.wait)
+        return 1
+
+    retrainer.train = blocked_training
+    before = model_version(random_model)
+    with TestClient(app) as client:
+        connect(client)
+        assert client.post("/label-studio/train", json={"project": "5.1700000000"}).json()["training"] is True
+        try:
+            [answer] = predict(client, [TEXTS[0]])  # answered while the training runs
+            assert answer["model_version"] == before
+            assert client.get("/label-studio/health").json()["training"]["status"] == "training"
+            again = client.post("/label-studio/webhook", json={"action": "START_TRAINING", "project": {"id": 5}})
+            assert again.json()["training"] is False  # one training at a time
+        finally:
+            release.set()
+        status = wait_for_training(client)
+        assert status["status"] == "failed" and "exited with 1" in status["error"]
+        assert client.get("/label-studio/health").json()["model_version"] == before
+        assert predict(client, [TEXTS[0]])[0]["model_version"] == before
+
+
+def test_every_n_new_annotations_start_a_training(retraining_app):
+    app, _ = retraining_app
+    retrainer = app.state.label_studio.retrainer
+    started = []
+    retrainer.every = 2
+    retrainer.start = lambda project: started.append(project) or True
+    with TestClient(app) as client:
+        for action in ("ANNOTATION_CREATED", "PROJECT_UPDATED", "ANNOTATION_UPDATED", "ANNOTATION_CREATED"):
+            client.post("/label-studio/webhook", json={"action": action, "project": {"id": 9}})
+    assert started == [9]
+
+
+def test_a_swap_during_a_request_tags_it_again_with_the_new_model(tagger, random_model, tmp_path):
+    from ner.label_studio import Backend
+
+    calls = []
+
+    async def tag(texts):
+        calls.append(backend.version)
+        if len(calls) == 1:  # the model is replaced while this batch runs
+            backend.swap(tagger, tmp_path / "new", "new@00000000")
+        return [{"entities": []} for _ in texts]
+
+    backend = Backend(tag, random_model, ["PER"], swap_predict=lambda new: None)
+    answer = asyncio.run(backend.predict({"tasks": tasks_of(["a"]), "label_config": NER_CONFIG}))
+    assert calls == [model_version(random_model), "new@00000000"]
+    assert answer["results"][0]["model_version"] == "new@00000000"

@@ -1,0 +1,224 @@
+"""ner.serve as the ML backend of a real Label Studio: predictions retrieved by Label Studio, annotations
+made and exported through its API, then `ner.train` and `ner.evaluate` on that export.
+
+Label Studio pins many packages of its own, so it lives in a virtual environment beside ours, as a team
+would run it; this test finds it through NER_LABEL_STUDIO_BIN (what .ci/run sets) or `label-studio` on PATH:
+
+    python -m venv /tmp/lsvenv && /tmp/lsvenv/bin/pip install label-studio label-studio-sdk
+    NER_LABEL_STUDIO_BIN=/tmp/lsvenv/bin/label-studio python -m pytest -q -m integration
+
+Its first start creates a SQLite database (migrations): about 1-2 minutes on 2 CPU cores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+httpx = pytest.importorskip("httpx")
+
+from conftest import ROOT, make_sentences, python_module, run_cli  # noqa: E402
+
+from ner.testing import free_local_port, wait_until_healthy  # noqa: E402
+
+pytestmark = pytest.mark.integration
+TOKEN = "0123456789abcdef0123456789abcdef01234567"  # a test's own user, in a throw-away data dir
+LABEL_CONFIG = """<View>
+  <Header value="Tag the names"/>
+  <Labels name="label" toName="text">
+    <Label value="PER" background="red"/><Label value="ORG" background="darkorange"/>
+    <Label value="LOC" background="orange"/><Label value="MISC" background="green"/>
+  </Labels>
+  <Text name="text" value="$text"/>
+</View>"""
+TINY_TRAINING = "--max-seq-length 32 --batch-size 8 --max-tokens 0 --num-epochs 1 --learning-rate 1e-3 " \
+                "--mixed-precision no --seed 7"
+START_TIMEOUT_S = 900  # the first start migrates a new database: minutes on a loaded 2-core machine
+
+
+def label_studio_bin() -> str | None:
+    return os.environ.get("NER_LABEL_STUDIO_BIN") or shutil.which("label-studio")
+
+
+def start_label_studio(data_dir: Path, port: int, log_file) -> subprocess.Popen:
+    env = {**os.environ, "LABEL_STUDIO_BASE_DATA_DIR": str(data_dir),
+           "LABEL_STUDIO_USERNAME": "annotator@example.com", "LABEL_STUDIO_PASSWORD": "annotator-password",
+           "LABEL_STUDIO_USER_TOKEN": TOKEN, "LABEL_STUDIO_ENABLE_LEGACY_API_TOKEN": "true",
+           # a backend on 127.0.0.1: allowed for predictions (ML_BLOCK_LOCAL_IP) and for the webhook Label
+           # Studio creates beside it (SSRF_PROTECTION_ENABLED; without it POST /api/ml answers 403)
+           "ML_BLOCK_LOCAL_IP": "false", "SSRF_PROTECTION_ENABLED": "false"}
+    command = [label_studio_bin(), "start", "--no-browser", "--port", str(port), "--internal-host", "127.0.0.1",
+               "--data-dir", str(data_dir)]
+    return subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, env=env, cwd=data_dir)
+
+
+def stop(process: subprocess.Popen) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+@pytest.fixture(scope="module")
+def label_studio(tmp_path_factory):
+    """(client with the test user's token, base URL) of a Label Studio started for this module."""
+    if label_studio_bin() is None:
+        pytest.skip("Label Studio not found: set NER_LABEL_STUDIO_BIN (python -m venv V && V/bin/pip install "
+                    "label-studio label-studio-sdk; NER_LABEL_STUDIO_BIN=V/bin/label-studio), as .ci/run does")
+    data_dir = tmp_path_factory.mktemp("label_studio")
+    port = free_local_port()
+    url = f"http://127.0.0.1:{port}"
+    with open(data_dir / "label_studio.log", "w") as log_file:
+        process = start_label_studio(data_dir, port, log_file)
+        try:
+            deadline = time.monotonic() + START_TIMEOUT_S
+            while time.monotonic() < deadline and process.poll() is None:
+                try:
+                    if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    time.sleep(1)
+            else:
+                pytest.fail(f"Label Studio did not start: {(data_dir / 'label_studio.log').read_text()[-3000:]}")
+            with httpx.Client(base_url=url, headers={"Authorization": f"Token {TOKEN}"}, timeout=300) as client:
+                yield client, url
+        finally:
+            stop(process)
+
+
+@pytest.fixture(scope="module")
+def backend(random_model, tmp_path_factory):
+    """(URL to paste into Label Studio, the server's log file) of `python -m ner.serve` on the tiny model."""
+    port = free_local_port()
+    log_path = tmp_path_factory.mktemp("serve") / "serve.log"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1",
+           "NER_RETRAIN_DIR": str(log_path.parent / "retrained"), "NER_RETRAIN_ARGS": TINY_TRAINING}
+    with open(log_path, "w") as log_file:
+        process = subprocess.Popen(python_module("ner.serve", str(random_model), "--port", str(port)),
+                                   stdout=log_file, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+        try:
+            assert wait_until_healthy(f"http://127.0.0.1:{port}", process, timeout_s=120), log_path.read_text()
+            yield f"http://127.0.0.1:{port}/label-studio", log_path
+        finally:
+            stop(process)
+
+
+def gold_text(sentences: list[list[tuple[str, str]]], separator: str) -> tuple[str, list[tuple[int, int, str]]]:
+    """The sentences as one text (words joined by spaces) and its entity spans (start, end, type)."""
+    text, spans = "", []
+    for s, sentence in enumerate(sentences):
+        if s:
+            text += separator
+        for i, (word, tag) in enumerate(sentence):
+            start = len(text) + (i > 0)
+            text += (" " if i else "") + word
+            if tag.startswith("B-"):
+                spans.append([start, len(text), tag[2:]])
+            elif tag.startswith("I-"):
+                spans[-1][1] = len(text)
+    return text, [tuple(span) for span in spans]
+
+
+def make_tasks() -> list[tuple[str, list[tuple[int, int, str]]]]:
+    sentences = make_sentences(300, seed=11)
+    short = [gold_text(sentences[i:i + 3], "\n") for i in range(0, 18, 3)]
+    short.append(("Café \U0001F600 北京 " + short[0][0], [(s + 10, e + 10, k) for s, e, k in short[0][1]]))
+    long = gold_text(sentences[18:], " ")  # one line of ~2,300 words: tagged whole, window by window
+    assert len(long[0].split()) > 2000
+    return [*short, long]
+
+
+def region(start: int, end: int, label: str, text: str) -> dict:
+    return {"from_name": "label", "to_name": "text", "type": "labels",
+            "value": {"start": start, "end": end, "text": text[start:end], "labels": [label]}}
+
+
+def test_label_studio_gets_predictions_from_ner_serve_then_its_export_trains(label_studio, backend, tiny_bert,
+                                                                            tmp_path):
+    gold = make_tasks()
+    client, _ = label_studio
+    backend_url, serve_log = backend
+    version = httpx.get(f"{backend_url}/health").json()["model_version"]
+
+    project = client.post("/api/projects", json={"title": "ner", "label_config": LABEL_CONFIG})
+    assert project.status_code == 201, project.text
+    project_id = project.json()["id"]
+    imported = client.post(f"/api/projects/{project_id}/import", json=[{"text": text} for text, _ in gold])
+    assert imported.status_code == 201 and imported.json()["task_count"] == len(gold), imported.text
+    connected = client.post("/api/ml", json={"url": backend_url, "project": project_id, "title": "ner.serve"})
+    assert connected.status_code == 201, connected.text
+    assert connected.json()["readable_state"] == "Connected" and connected.json()["model_version"] == version
+
+    action = client.post("/api/dm/actions", params={"id": "retrieve_tasks_predictions", "project": project_id},
+                         json={"selectedItems": {"all": True, "excluded": []}})
+    assert action.status_code == 200, action.text
+    tasks = client.get("/api/tasks", params={"project": project_id, "fields": "all", "page_size": 100}).json()
+    tasks = sorted(tasks["tasks"], key=lambda t: t["id"])
+    assert [t["data"]["text"] for t in tasks] == [text for text, _ in gold]
+    regions = 0
+    for task in tasks:
+        [prediction] = task["predictions"]
+        assert prediction["model_version"] == version
+        text = task["data"]["text"]
+        for found in prediction["result"]:
+            value = found["value"]
+            assert value["text"] == text[value["start"]:value["end"]]
+            assert value["labels"][0] in {"PER", "ORG", "LOC", "MISC"} and len(value["labels"]) == 1
+            assert (found["from_name"], found["to_name"], found["type"]) == ("label", "text", "labels")
+            regions += 1
+    assert regions
+    assert max(r["value"]["end"] for r in tasks[-1]["predictions"][0]["result"]) > len(gold[-1][0]) * 0.9
+
+    for task, (text, spans) in zip(tasks, gold):
+        made = client.post(f"/api/tasks/{task['id']}/annotations",
+                           json={"result": [region(s, e, k, text) for s, e, k in spans], "lead_time": 1.0})
+        assert made.status_code == 201, made.text
+    export = client.get(f"/api/projects/{project_id}/export", params={"exportType": "JSON"})
+    assert export.status_code == 200, export.text
+    export_file = tmp_path / "export.json"
+    export_file.write_text(export.text, encoding="utf-8")
+    assert len(json.loads(export.text)) == len(gold)
+    assert "webhook ANNOTATION_CREATED" in serve_log.read_text()  # Label Studio's webhook reached ner.serve
+
+    retrain_through_label_studio(client, project_id, backend_url, version, tasks)
+
+    out = tmp_path / "run"
+    trained = run_cli(python_module("ner.train", "--model", str(tiny_bert), "--train-file", str(export_file),
+                                    "--validation-file", str(export_file), "--output-dir", str(out),
+                                    "--max-seq-length", "32", "--batch-size", "8", "--max-tokens", "0",
+                                    "--num-epochs", "1", "--learning-rate", "1e-3", "--mixed-precision", "no",
+                                    "--quiet", "--seed", "7"))
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    report = tmp_path / "report.json"
+    evaluated = run_cli(python_module("ner.evaluate", str(out / "final"), str(export_file), "--json", str(report)))
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    scores = json.loads(report.read_text())
+    assert scores["support"] == sum(len(spans) for _, spans in gold), scores  # every annotated entity scored
+
+
+def retrain_through_label_studio(client, project_id: int, backend_url: str, version: str, tasks: list[dict]) -> None:
+    """*Start Training* in Label Studio: ner.serve fetches the export with the token /setup gave it, fine-tunes,
+    swaps; Label Studio then gets predictions of the new version."""
+    [ml] = client.get("/api/ml", params={"project": project_id}).json()
+    started = client.post(f"/api/ml/{ml['id']}/train", json={})
+    assert started.status_code == 200, started.text
+    deadline = time.monotonic() + 300
+    while (status := httpx.get(f"{backend_url}/health").json()["training"])["status"] in ("idle", "training"):
+        assert time.monotonic() < deadline, status
+        time.sleep(0.5)
+    assert status["status"] == "done", status
+    assert status["model_version"] != version
+    action = client.post("/api/dm/actions", params={"id": "retrieve_tasks_predictions", "project": project_id},
+                         json={"selectedItems": {"all": True, "excluded": []}})
+    assert action.status_code == 200, action.text
+    for task in tasks:
+        versions = [p["model_version"] for p in client.get(f"/api/tasks/{task['id']}").json()["predictions"]]
+        assert status["model_version"] in versions, versions

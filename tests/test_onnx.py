@@ -16,7 +16,7 @@ pytest.importorskip("onnxruntime")
 
 from ner import export_onnx  # noqa: E402
 from ner import runtime as runtimes  # noqa: E402
-from ner.data import read_conll  # noqa: E402
+from ner.data import Example, read_conll  # noqa: E402
 from ner.evaluate import main as evaluate_main  # noqa: E402
 from ner.export import main as export_main  # noqa: E402
 from ner.infer import Tagger  # noqa: E402
@@ -287,3 +287,18 @@ def test_onnx_runtimes_tag_and_serve_without_torch(runtime, exported, tiny_data,
     blocked, importable = (json.loads(run_without_torch(serve, b, tmp_path)) for b in (True, False))
     assert blocked["answer"] == importable["answer"] and blocked["answer"]["entities"]
     assert importable["torch_imported"] is False
+
+
+def test_int8_answer_does_not_depend_on_its_batch_neighbours(exported):
+    """Dynamic int8 scales each activation by its whole tensor's range: one window per forward keeps a text's
+    numbers its own. Byte for byte: entities with scores, and the tag probabilities themselves."""
+    tagger = Tagger(exported, runtime="onnx-int8")
+    text = "Shares of Globex rose in Paris after Alan Turing spoke ."
+    neighbours = ["Nothing .", "Ada Lovelace , Grace Hopper and Niels Bohr visited Lisbon , Cairo , Berlin and "
+                  "New York on Monday while Umbrella Group hired Emmy Noether in London ."]
+    alone = tagger.predict([text])[0]
+    assert alone["entities"] and tagger.predict([neighbours[0], text, neighbours[1]])[1] == alone
+    words = [Example(t.split(), ["O"] * len(t.split()), "t") for t in [neighbours[1], text, neighbours[0]]]
+    _, probs_alone = tagger.tag(words[1:2])
+    _, probs_among = tagger.tag(words)
+    assert probs_among[1].tobytes() == probs_alone[0].tobytes()

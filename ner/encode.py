@@ -20,12 +20,15 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from ner.data import Example
 from ner.files import staged_file
+
+if TYPE_CHECKING:
+    import torch
 
 IGNORE_INDEX = -100
 MODEL_INPUTS = ("input_ids", "attention_mask")  # the batch keys the model takes; the rest are bookkeeping
@@ -184,7 +187,8 @@ def padded_lengths(features: list[Feature], pad_to_multiple_of: int) -> list[int
     return [padded_length(len(f.input_ids), pad_to_multiple_of) for f in features]
 
 
-def collate(features: list[Feature], pad_token_id: int, pad_to_multiple_of: int = 1) -> dict[str, torch.Tensor]:
+def collate(features: list[Feature], pad_token_id: int, pad_to_multiple_of: int = 1) -> dict[str, np.ndarray]:
+    """One padded batch as int64 numpy arrays (inference feeds every runtime from these, torch or not)."""
     # Rounding the width keeps the number of distinct batch shapes small: CPU kernels (oneDNN) are
     # built and cached per shape, which costs time and memory for every new one (docs/performance.md).
     longest = padded_length(max(len(f.input_ids) for f in features), pad_to_multiple_of)
@@ -198,17 +202,24 @@ def collate(features: list[Feature], pad_token_id: int, pad_to_multiple_of: int 
         word_index[row, :len(f.word_index)] = f.word_index
     lengths = np.array([len(f.input_ids) for f in features])
     return {
-        "input_ids": torch.from_numpy(input_ids),
-        "attention_mask": torch.from_numpy((np.arange(longest)[None, :] < lengths[:, None]).astype(np.int64)),
-        "labels": torch.from_numpy(labels),
-        "word_index": torch.from_numpy(word_index),
-        "example_index": torch.tensor([f.example_index for f in features]),
+        "input_ids": input_ids,
+        "attention_mask": (np.arange(longest)[None, :] < lengths[:, None]).astype(np.int64),
+        "labels": labels,
+        "word_index": word_index,
+        "example_index": np.array([f.example_index for f in features], dtype=np.int64),
     }
 
 
-def owned_positions(word_index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def collate_tensors(features: list[Feature], pad_token_id: int, pad_to_multiple_of: int = 1) -> dict[str, torch.Tensor]:
+    """collate as torch tensors, for training's DataLoader."""
+    import torch
+
+    return {key: torch.from_numpy(value) for key, value in collate(features, pad_token_id, pad_to_multiple_of).items()}
+
+
+def owned_positions(word_index: np.ndarray) -> tuple[tuple[np.ndarray, np.ndarray], np.ndarray]:
     """(rows, columns) of the positions a batch predicts, and the flat word index of each."""
-    rows, cols = torch.nonzero(word_index >= 0, as_tuple=True)
+    rows, cols = np.nonzero(word_index >= 0)
     return (rows, cols), word_index[rows, cols]
 
 

@@ -8,6 +8,10 @@ the logits is a runtime (ner/runtime.py): the PyTorch model, or `Tagger(..., run
     from ner.infer import Tagger
     tags, probabilities = Tagger("runs/ner/final").tag(examples)
     results = Tagger("runs/ner/final").predict(["Angela Merkel met Emmanuel Macron in Paris."])
+
+torch is imported only where the torch runtime or training needs it: tagging with an ONNX runtime never
+imports it (nor transformers' AutoConfig / AutoTokenizer, which import torch in transformers 5: the
+config is read as JSON and the tokenizer class is looked up by its name, see load_tokenizer).
 """
 
 from __future__ import annotations
@@ -18,11 +22,10 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
-from ner.backends import Backend, autocast_for, default_device, resolve_precision
 from ner.batching import inference_batches
 from ner.config import (
     DEFAULT_MAX_SENTENCES,
@@ -44,8 +47,13 @@ from ner.encode import (
 )
 from ner.errors import UserError
 from ner.metrics import entity_scores
-from ner.runtime import OnnxRuntime, TorchRuntime, onnx_path
+from ner.runtime import ROWS_PER_FORWARD, OnnxRuntime, TorchRuntime, onnx_device_type, onnx_path
 from ner.text import Word, split_words
+
+if TYPE_CHECKING:
+    import torch
+
+    from ner.backends import Backend
 
 log = logging.getLogger("ner")
 
@@ -73,7 +81,12 @@ def build_eval_set(examples: list[Example], features: list[Feature], batch_size:
     return EvalSet(examples, features, batches, pad_to_multiple_of)
 
 
-@torch.no_grad()
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """log_softmax over the last axis, in float32 (as torch.log_softmax computes it)."""
+    shifted = logits.astype(np.float32) - logits.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+
 def predict_word_scores(runtime: Runtime, features: list[Feature], batches: list[list[int]], pad_token_id: int,
                         progress: Progress = no_progress, pad_to_multiple_of: int = 1) -> tuple[np.ndarray, np.ndarray]:
     """(flat word index, label log-probabilities) of every word the given batches own."""
@@ -82,9 +95,8 @@ def predict_word_scores(runtime: Runtime, features: list[Feature], batches: list
         batch = collate([features[i] for i in indices], pad_token_id, pad_to_multiple_of)
         logits = runtime(batch["input_ids"], batch["attention_mask"])
         (rows, cols), ids = owned_positions(batch["word_index"])
-        word_ids.append(ids.numpy())
-        scores.append(torch.log_softmax(logits.float(), dim=-1)[rows.to(logits.device), cols.to(logits.device)]
-                      .cpu().numpy())
+        word_ids.append(ids)
+        scores.append(log_softmax(logits[rows, cols]))
     if not word_ids:
         return np.zeros(0, dtype=np.int64), np.zeros((0, runtime.num_labels), dtype=np.float32)
     return np.concatenate(word_ids), np.concatenate(scores)
@@ -135,14 +147,49 @@ class ModelSettings:
         return cls(**{name: saved[name] for name in names if saved.get(name) is not None})
 
 
-def max_positions(config, tokenizer) -> int | None:
+def max_positions(config: dict, tokenizer) -> int | None:
     """Tokens a window may hold: the position embeddings, or the tokenizer's limit where smaller (RoBERTa's
     config counts 514 positions, 2 of them reserved; its tokenizer says 512)."""
-    positions = getattr(config, "max_position_embeddings", None)
+    positions = config.get("max_position_embeddings")
     stated = getattr(tokenizer, "model_max_length", None)
     if positions is None or not stated or stated > positions:
         return positions
     return stated
+
+
+def read_json(path: Path) -> dict:
+    """A model folder's JSON file; unreadable: a one-line error."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UserError(f"{path}: not readable JSON ({exc})") from None
+
+
+def model_labels(config: dict) -> dict[int, str]:
+    """id2label as transformers' PretrainedConfig reads it from config.json (LABEL_i where none is named)."""
+    named = config.get("id2label")
+    if named:
+        return {int(k): v for k, v in named.items()}
+    return {i: f"LABEL_{i}" for i in range(int(config.get("num_labels", 2)))}
+
+
+def load_tokenizer(model_dir: Path):
+    """The export's tokenizer, by the class its tokenizer_config.json names (the fast one where transformers 4
+    has both). Not AutoTokenizer: it imports AutoConfig, and so torch, in transformers 5; the tokenizer
+    classes do not. A class transformers does not have (custom code) or none named: AutoTokenizer."""
+    import transformers
+
+    config_file = model_dir / "tokenizer_config.json"
+    name = read_json(config_file).get("tokenizer_class") if config_file.is_file() else None
+    found = [getattr(transformers, f"{name}Fast", None), getattr(transformers, name, None)] if name else []
+    for cls in found:
+        if isinstance(cls, type) and issubclass(cls, transformers.PreTrainedTokenizerBase):
+            tokenizer = cls.from_pretrained(model_dir)
+            if tokenizer.is_fast:  # word_ids() needs a fast tokenizer
+                return tokenizer
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir)
 
 
 class Tagger:
@@ -157,7 +204,6 @@ class Tagger:
                  max_seq_length: int | None = None, pad_to_multiple_of: int = DEFAULTS.pad_to_multiple_of,
                  context: str = "auto", decode: str | None = None, runtime: str = "torch") -> None:
         import transformers
-        from transformers import AutoConfig, AutoTokenizer
 
         transformers.utils.logging.disable_progress_bar()
         model_dir = Path(model_dir)
@@ -165,13 +211,11 @@ class Tagger:
             raise UserError(f"{model_dir}: not a model folder (no config.json); pass OUTPUT_DIR/final")
         if runtime not in RUNTIMES:
             raise UserError(f"--runtime {runtime}: expected one of {', '.join(RUNTIMES)}")
-        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        config = AutoConfig.from_pretrained(model_dir)
-        self.device = torch.device(device) if device else default_device()
-        self.precision = resolve_precision(precision, self.device)
+        self.tokenizer = load_tokenizer(model_dir)
+        config = read_json(model_dir / "config.json")  # not AutoConfig: it imports torch (transformers 5)
+        self.id2label = model_labels(config)
         self.runtime_name = runtime
-        self.runtime = self._load_runtime(model_dir, config.num_labels)
-        self.id2label = {int(k): v for k, v in config.id2label.items()}
+        self.runtime = self._load_runtime(model_dir, len(self.id2label), device, precision)
         self.label2id = {v: k for k, v in self.id2label.items()}
         self.settings = ModelSettings.of(model_dir)
         self.max_seq_length = max_seq_length or self.settings.max_seq_length
@@ -185,11 +229,19 @@ class Tagger:
                         "transition rule (as --decode argmax); entities read leniently", model_dir)
         self.decoder = Decoder(labels, scheme, decode or self.settings.decode)
 
-    def _load_runtime(self, model_dir: Path, num_labels: int) -> Runtime:
-        if self.runtime_name != "torch":  # the ONNX file alone: the PyTorch weights are never loaded
-            return OnnxRuntime(onnx_path(model_dir, self.runtime_name), num_labels, self.device)
+    def _load_runtime(self, model_dir: Path, num_labels: int, device: str | None, precision: str) -> Runtime:
+        """Sets `device` and `precision` too: for ONNX, the device type as a string and "no" (no autocast)."""
+        if self.runtime_name != "torch":  # the ONNX file alone: the PyTorch weights (and torch) are never loaded
+            self.device, self.precision = onnx_device_type(device), "no"
+            return OnnxRuntime(onnx_path(model_dir, self.runtime_name), num_labels, self.device,
+                               rows_per_forward=ROWS_PER_FORWARD.get(self.runtime_name))
+        import torch
         from transformers import AutoModelForTokenClassification
 
+        from ner.backends import autocast_for, default_device, resolve_precision
+
+        self.device = torch.device(device) if device else default_device()
+        self.precision = resolve_precision(precision, self.device)
         model = AutoModelForTokenClassification.from_pretrained(model_dir).eval().to(self.device)
         return TorchRuntime(model, self.device, lambda: autocast_for(self.device, self.precision))
 
@@ -214,7 +266,8 @@ class Tagger:
         features = encode_examples(examples, self.tokenizer, placeholder, self.max_seq_length,
                                    self.settings.window_stride_words, context=self.uses_context(examples),
                                    context_tokens=self.settings.context_tokens)
-        batches = inference_batches(padded_lengths(features, self.pad_to_multiple_of), max_sentences, max_tokens)
+        rows = min(max_sentences, self.runtime.rows_per_forward or max_sentences)  # int8: one window a forward
+        batches = inference_batches(padded_lengths(features, self.pad_to_multiple_of), rows, max_tokens)
         word_ids, scores = predict_word_scores(self.runtime, features, batches, self.tokenizer.pad_token_id,
                                                progress, self.pad_to_multiple_of)
         return self.decoder(merge_predictions(examples, word_ids, scores))

@@ -32,7 +32,7 @@ from ner.data import (
     write_predictions,
 )
 from ner.decode import Decoder
-from ner.encode import cached_encode, collate, padded_lengths
+from ner.encode import cached_encode, collate_tensors, padded_lengths
 from ner.errors import UserError
 from ner.export import export_checkpoint, is_export
 from ner.formats import Splits, load_splits
@@ -209,7 +209,7 @@ def run(cfg: TrainConfig, backend: Backend) -> dict:
     # A private generator: creating a DataLoader iterator draws a seed from it, and drawing from
     # the global RNG instead would shift dropout masks after a mid-epoch resume.
     loader = DataLoader(data.train_features, batch_sampler=sampler, generator=torch.Generator(),
-                        collate_fn=partial(collate, pad_token_id=data.tokenizer.pad_token_id,
+                        collate_fn=partial(collate_tensors, pad_token_id=data.tokenizer.pad_token_id,
                                            pad_to_multiple_of=cfg.pad_to_multiple_of))
     model, optimizer, loader = backend.prepare(model, optimizer, loader)
     total_steps, num_epochs = plan_epochs(sampler, cfg, backend.num_processes)

@@ -3,8 +3,13 @@
     python -m ner.export runs/ner/final exported --onnx --quantize int8     # writes model.onnx, model.int8.onnx
     python -m ner.predict exported articles.txt --runtime onnx-int8
 
-A runtime is called as `runtime(input_ids, attention_mask) -> logits` on one padded batch; windows,
-document context, merging and decoding stay in ner/infer.py, so every runtime tags the same way.
+A runtime is called as `runtime(input_ids, attention_mask) -> logits` on one padded batch, numpy in
+(int64, rows x width) and numpy out (float32, rows x width x labels); windows, document context, merging
+and decoding stay in ner/infer.py, so every runtime tags the same way. The ONNX runtimes never import
+torch (nor does the rest of the path they take), so a deployment needs neither torch nor its start-up.
+`rows_per_forward`: how many windows one forward may hold (None: as many as the batch plan gives); the
+int8 runtime runs one window per forward, since dynamic quantization scales each activation by its
+whole tensor's range, and a window's numbers would otherwise depend on its neighbours and the padding.
 """
 
 from __future__ import annotations
@@ -12,12 +17,17 @@ from __future__ import annotations
 import logging
 import math
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+import numpy as np
 
 from ner.errors import UserError
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 ONNX_FILES = {"onnx": "model.onnx", "onnx-int8": "model.int8.onnx"}
@@ -25,28 +35,34 @@ EXPORT_COMMAND = "python -m ner.export MODEL_DIR OUT --onnx --quantize int8"
 
 
 class TorchRuntime:
-    """The PyTorch model on its device, under the given autocast."""
+    """The PyTorch model on its device, under the given autocast; float32 logits back on the CPU."""
+
+    rows_per_forward: int | None = None
 
     def __init__(self, model: torch.nn.Module, device: torch.device, autocast: Callable) -> None:
         self.model, self.device, self.autocast = model, device, autocast
         self.num_labels = model.config.num_labels
 
-    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        with self.autocast():
-            return self.model(input_ids=input_ids.to(self.device), attention_mask=attention_mask.to(self.device)).logits
+    def __call__(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+        import torch
+
+        with torch.no_grad(), self.autocast():
+            logits = self.model(input_ids=torch.from_numpy(input_ids).to(self.device),
+                                attention_mask=torch.from_numpy(attention_mask).to(self.device)).logits
+        return logits.float().cpu().numpy()
 
 
 class OnnxRuntime:
-    """An onnxruntime session over model.onnx or model.int8.onnx, on the CUDA provider where the tagger's
-    device is a CUDA GPU and onnxruntime has that provider, else on the CPU; logits come back as a CPU tensor."""
+    """An onnxruntime session over model.onnx or model.int8.onnx, on the CUDA provider where `device_type`
+    is "cuda" and onnxruntime has that provider, else on the CPU. int8: one window per forward (see above)."""
 
-    def __init__(self, path: Path, num_labels: int, device: torch.device | None = None) -> None:
-        self.session = onnx_session(path, device)
+    def __init__(self, path: Path, num_labels: int, device_type: str = "cpu", rows_per_forward: int | None = None):
+        self.session = onnx_session(path, device_type)
         self.num_labels = num_labels
+        self.rows_per_forward = rows_per_forward
 
-    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        feed = {"input_ids": input_ids.cpu().numpy(), "attention_mask": attention_mask.cpu().numpy()}
-        return torch.from_numpy(self.session.run(["logits"], feed)[0])
+    def __call__(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+        return self.session.run(["logits"], {"input_ids": input_ids, "attention_mask": attention_mask})[0]
 
 
 def onnx_path(model_dir: Path, runtime: str) -> Path:
@@ -55,6 +71,24 @@ def onnx_path(model_dir: Path, runtime: str) -> Path:
     if not path.is_file():
         raise UserError(f"{path}: not found; --runtime {runtime} needs an ONNX export: {EXPORT_COMMAND}")
     return path
+
+
+# Windows per forward by runtime (absent: as many as the batch plan gives): dynamic int8 quantization scales each
+# activation by its whole tensor's range, padding and neighbours included (docs/performance.md)
+ROWS_PER_FORWARD = {"onnx-int8": 1}
+
+
+def onnx_device_type(device: str | None) -> str:
+    """The device type an ONNX runtime asks for: the given one (its type: "xpu:1" -> "xpu"), else the first
+    of GPU_PROVIDERS that onnxruntime has (where torch's default device would be a GPU too), else "cpu"."""
+    if device:
+        return device.split(":")[0]
+    try:
+        import onnxruntime
+    except ImportError:
+        return "cpu"  # onnx_session says what to install
+    available = onnxruntime.get_available_providers()
+    return next((kind for kind, provider in GPU_PROVIDERS.items() if provider in available), "cpu")
 
 
 # onnxruntime's accelerated providers, by torch device type (dictionary keys: the device comes from the backend)
@@ -70,7 +104,7 @@ def onnx_providers(available: list[str], device_type: str) -> list[str]:
 
 def onnx_threads(omp_num_threads: str | None, torch_threads: int, cpu_quota: float | None) -> int:
     """Intra-op threads: OMP_NUM_THREADS when set (torch reads it too, so both runtimes use the same count);
-    else torch's own count in this process, capped by the container's CPU quota (torch ignores quotas,
+    else torch's own count (default_threads), capped by the container's CPU quota (torch ignores quotas,
     and threads beyond the quota are only throttled)."""
     if omp_num_threads and omp_num_threads.strip().isdigit() and int(omp_num_threads) > 0:
         return int(omp_num_threads)
@@ -94,7 +128,20 @@ def cgroup_cpu_quota(root: Path = Path("/sys/fs/cgroup")) -> float | None:
     return int(quota) / int(period)
 
 
-def onnx_session(path: Path, device: torch.device | None = None):
+def default_threads() -> int:
+    """torch's intra-op thread count: asked of torch where this process has imported it, else the count
+    torch would choose (the physical cores), so that an ONNX runtime need not import torch to learn it."""
+    if "torch" in sys.modules:
+        return sys.modules["torch"].get_num_threads()
+    try:
+        import psutil
+
+        return psutil.cpu_count(logical=False) or os.cpu_count() or 1
+    except ImportError:
+        return os.cpu_count() or 1
+
+
+def onnx_session(path: Path, device_type: str = "cpu"):
     """An InferenceSession on the threads and device of onnx_threads / onnx_providers; unreadable files are
     one-line errors. A GPU asked for that onnxruntime cannot use is said plainly, once, in the log."""
     try:
@@ -102,10 +149,9 @@ def onnx_session(path: Path, device: torch.device | None = None):
     except ImportError:
         raise UserError('ONNX runtimes need onnxruntime: pip install -e ".[onnx]"') from None
     options = onnxruntime.SessionOptions()
-    options.intra_op_num_threads = onnx_threads(os.environ.get("OMP_NUM_THREADS"), torch.get_num_threads(),
+    options.intra_op_num_threads = onnx_threads(os.environ.get("OMP_NUM_THREADS"), default_threads(),
                                                 cgroup_cpu_quota())
     options.log_severity_level = 3  # errors only: graph-optimisation notices are not the user's business
-    device_type = device.type if device is not None else "cpu"
     providers = onnx_providers(onnxruntime.get_available_providers(), device_type)
     if device_type != "cpu" and len(providers) == 1:
         log.warning("%s: onnxruntime has no provider for the %s device here (it has %s); ONNX runs on the CPU "

@@ -40,7 +40,7 @@ def roundtrip(examples, tokenizer, max_seq_length, label_all=False, context=Fals
         return features, [[] for _ in examples]
     batch = collate(features, tokenizer.pad_token_id)
     (rows, cols), word_ids = owned_positions(batch["word_index"])
-    merged = merge_predictions(examples, word_ids.numpy(), batch["labels"][rows, cols].numpy())
+    merged = merge_predictions(examples, word_ids, batch["labels"][rows, cols])
     return features, [[ID2LABEL[int(i)] for i in sentence] for sentence in merged]
 
 

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -13,12 +16,13 @@ pytest.importorskip("onnxruntime")
 
 from ner import export_onnx  # noqa: E402
 from ner import runtime as runtimes  # noqa: E402
-from ner.data import read_conll  # noqa: E402
+from ner.data import Example, read_conll  # noqa: E402
 from ner.evaluate import main as evaluate_main  # noqa: E402
 from ner.export import main as export_main  # noqa: E402
 from ner.infer import Tagger  # noqa: E402
 from ner.predict import main as predict_main  # noqa: E402
 from ner.serve import build_parser as serve_parser  # noqa: E402
+from tests.conftest import ROOT, python_module, run_cli  # noqa: E402
 
 
 def fit_briefly(model_dir, train_file, steps: int = 60) -> None:
@@ -222,6 +226,79 @@ def test_onnx_session_takes_the_thread_count_and_says_when_a_gpu_is_not_used(exp
     session = runtimes.onnx_session(exported / "model.onnx")
     assert session.get_session_options().intra_op_num_threads == 1
     monkeypatch.setattr("onnxruntime.get_available_providers", lambda: ["CPUExecutionProvider"])
-    gpu = runtimes.onnx_session(exported / "model.onnx", torch.device("cuda"))
+    gpu = runtimes.onnx_session(exported / "model.onnx", "cuda")
     assert gpu.get_providers() == ["CPUExecutionProvider"]
     assert "ONNX runs on the CPU" in caplog.text
+
+
+# ----------------------------------------------------------------------------- without torch
+
+NO_TORCH = """
+import importlib.abc, importlib.machinery, sys
+
+class NoTorch(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    \"\"\"torch looks installed (find_spec finds it) and fails to import, as a deployment without it would.\"\"\"
+
+    def find_spec(self, name, path=None, target=None):
+        return importlib.machinery.ModuleSpec(name, self) if name.split(".")[0] == "torch" else None
+
+    def create_module(self, spec):
+        raise ImportError(f"{spec.name} is blocked (sitecustomize of the no-torch test)")
+
+    def exec_module(self, module):
+        pass
+
+sys.meta_path.insert(0, NoTorch())
+"""
+
+SERVE_ONCE = textwrap.dedent("""
+    import json, sys
+    from pathlib import Path
+    from fastapi.testclient import TestClient
+    from ner.infer import Tagger
+    from ner.serve import create_app
+    model_dir, runtime, text = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+    with TestClient(create_app(Tagger(model_dir, runtime=runtime), model_dir)) as client:
+        answer = client.post("/predict", json={"text": text}).json()
+    print(json.dumps({"answer": answer, "torch_imported": "torch" in sys.modules}))
+""")
+
+
+def run_without_torch(args: list[str], blocked: bool, hook_dir) -> str:
+    """stdout of `args` in a subprocess; `blocked`: with a sitecustomize that makes `import torch` raise."""
+    path = os.pathsep.join(([str(hook_dir)] if blocked else []) + [str(ROOT)])
+    done = run_cli(args, env={"PYTHONPATH": path})
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+@pytest.mark.parametrize("runtime", ["onnx", "onnx-int8"])
+def test_onnx_runtimes_tag_and_serve_without_torch(runtime, exported, tiny_data, tmp_path):
+    """ner.predict and a served app with an ONNX runtime: torch unimportable, the same answers as with it
+    importable, and torch never imported where it could be."""
+    (tmp_path / "sitecustomize.py").write_text(NO_TORCH)
+    texts = tmp_path / "texts.txt"
+    texts.write_text("Ada Lovelace visited London on Monday .\nShares of Globex rose in Paris after Alan Turing "
+                     "spoke .\n", encoding="utf-8")
+    predict = python_module("ner.predict", str(exported), str(texts), "--runtime", runtime, "--quiet")
+    with_torch = run_without_torch(predict, False, tmp_path)
+    assert run_without_torch(predict, True, tmp_path) == with_torch and with_torch.count("\n") == 2
+    serve = [sys.executable, "-c", SERVE_ONCE, str(exported), runtime, "Grace Hopper hired Alan Turing in Cairo ."]
+    blocked, importable = (json.loads(run_without_torch(serve, b, tmp_path)) for b in (True, False))
+    assert blocked["answer"] == importable["answer"] and blocked["answer"]["entities"]
+    assert importable["torch_imported"] is False
+
+
+def test_int8_answer_does_not_depend_on_its_batch_neighbours(exported):
+    """Dynamic int8 scales each activation by its whole tensor's range: one window per forward keeps a text's
+    numbers its own. Byte for byte: entities with scores, and the tag probabilities themselves."""
+    tagger = Tagger(exported, runtime="onnx-int8")
+    text = "Shares of Globex rose in Paris after Alan Turing spoke ."
+    neighbours = ["Nothing .", "Ada Lovelace , Grace Hopper and Niels Bohr visited Lisbon , Cairo , Berlin and "
+                  "New York on Monday while Umbrella Group hired Emmy Noether in London ."]
+    alone = tagger.predict([text])[0]
+    assert alone["entities"] and tagger.predict([neighbours[0], text, neighbours[1]])[1] == alone
+    words = [Example(t.split(), ["O"] * len(t.split()), "t") for t in [neighbours[1], text, neighbours[0]]]
+    _, probs_alone = tagger.tag(words[1:2])
+    _, probs_among = tagger.tag(words)
+    assert probs_among[1].tobytes() == probs_alone[0].tobytes()

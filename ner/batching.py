@@ -98,7 +98,34 @@ def cut_by_budget(sorted_indices: np.ndarray, lengths: np.ndarray, max_sentences
 
 
 def inference_batches(lengths: list[int], max_sentences: int, max_tokens: int) -> list[list[int]]:
-    """Evaluation / prediction: globally sorted by length (no shuffling needed), budget-cut."""
+    """Globally sorted by length, budget-cut: the fewest padded tokens, but a window's batch shape (rows,
+    width) depends on what shares its batch, and so do its numbers (docs/performance.md, "Batch
+    independence"). Inference uses fixed_shape_batches; this plan stays as the benchmarks' baseline."""
     lengths_array = np.asarray(lengths, dtype=np.int64)
     order = np.argsort(-lengths_array, kind="stable")
     return cut_by_budget(order, lengths_array, max_sentences, max_tokens or 10**12)
+
+
+def rows_for_width(width: int, max_rows: int, max_tokens: int) -> int:
+    """Rows of every inference forward pass of this padded width: a function of the width and the settings
+    alone, never of what else is being tagged. max_tokens 0: max_rows whatever the width."""
+    by_tokens = max_tokens // width if max_tokens > 0 else max_rows
+    return max(1, min(max_rows, by_tokens))
+
+
+def fixed_shape_batches(widths: list[int], max_rows: int, max_tokens: int) -> list[tuple[list[int], int]]:
+    """Inference batches whose shape is a function of each window alone: (indices, rows) per batch.
+
+    Windows of the same padded width share batches, and every batch of width W is to run with exactly
+    rows_for_width(W) rows: the last batch of a width comes short and the caller fills it (encode.py's
+    fixed_shape_plan). CPU kernels (oneDNN GEMMs, bf16 above all) pick their blocking, so their summation
+    order, by the operands' shape, so a window's logits change with its batch's rows and width; with the
+    shape fixed they are bit-identical whatever the neighbours hold (docs/performance.md).
+    Widest first, in input order within a width: sorted, deterministic, each index in exactly one batch."""
+    widths_array = np.asarray(widths, dtype=np.int64)
+    batches: list[tuple[list[int], int]] = []
+    for width in sorted(set(widths_array.tolist()), reverse=True):
+        members = np.flatnonzero(widths_array == width).tolist()
+        rows = rows_for_width(width, max_rows, max_tokens)
+        batches.extend((members[i:i + rows], rows) for i in range(0, len(members), rows))
+    return batches

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ner.batching import fixed_shape_batches
 from ner.data import Example
 from ner.files import staged_file
 
@@ -185,6 +186,25 @@ def padded_length(length: int, multiple: int) -> int:
 def padded_lengths(features: list[Feature], pad_to_multiple_of: int) -> list[int]:
     """The width each feature will be padded to: batching budgets count the rounding too."""
     return [padded_length(len(f.input_ids), pad_to_multiple_of) for f in features]
+
+
+def fixed_shape_plan(features: list[Feature], pad_to_multiple_of: int, max_rows: int,
+                     max_tokens: int) -> tuple[list[Feature], list[list[int]]]:
+    """(features, batches) for inference: every forward pass of width W has exactly rows_for_width(W) rows
+    (batching.fixed_shape_batches), so a window's numbers never depend on its batch neighbours. A short batch
+    is filled with copies of its first window that predict nothing (word_index -1): real tokens, so no row
+    is all-masked, and the same padded width, so the batch's width stays W. Fillers are appended to the
+    returned features; the given list is left as it is."""
+    planned = list(features)
+    batches = []
+    for indices, rows in fixed_shape_batches(padded_lengths(features, pad_to_multiple_of), max_rows, max_tokens):
+        if len(indices) < rows:
+            first = features[indices[0]]
+            planned.append(Feature(first.input_ids, [IGNORE_INDEX] * len(first.input_ids),
+                                   [-1] * len(first.input_ids), first.example_index))
+            indices = indices + [len(planned) - 1] * (rows - len(indices))
+        batches.append(indices)
+    return planned, batches
 
 
 def collate(features: list[Feature], pad_token_id: int, pad_to_multiple_of: int = 1) -> dict[str, np.ndarray]:

@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ner.batching import inference_batches
 from ner.config import (
     DEFAULT_MAX_SENTENCES,
     DEFAULT_MAX_TOKENS,
@@ -41,9 +40,9 @@ from ner.encode import (
     Feature,
     collate,
     encode_examples,
+    fixed_shape_plan,
     merge_predictions,
     owned_positions,
-    padded_lengths,
 )
 from ner.errors import UserError
 from ner.metrics import entity_scores
@@ -69,16 +68,17 @@ def no_progress(iterable, **_):
 class EvalSet:
     examples: list[Example]
     features: list[Feature]
-    batches: list[list[int]]  # length-sorted, each sentence's windows in exactly one batch
+    batches: list[list[int]]  # fixed shape per width (encode.fixed_shape_plan); each window in exactly one batch
     pad_to_multiple_of: int = 1
 
 
 def build_eval_set(examples: list[Example], features: list[Feature], batch_size: int, max_tokens: int,
                    pad_to_multiple_of: int) -> EvalSet:
-    """Evaluation batches under the training run's limits (see inference_batch_limits)."""
+    """Evaluation batches under the training run's limits (see inference_batch_limits), of the fixed shapes
+    Tagger uses, so a sentence's scores do not depend on the evaluation set around it (features gain fillers)."""
     max_sentences, max_batch_tokens = inference_batch_limits(batch_size, max_tokens)
-    batches = inference_batches(padded_lengths(features, pad_to_multiple_of), max_sentences, max_batch_tokens)
-    return EvalSet(examples, features, batches, pad_to_multiple_of)
+    planned, batches = fixed_shape_plan(features, pad_to_multiple_of, max_sentences, max_batch_tokens)
+    return EvalSet(examples, planned, batches, pad_to_multiple_of)
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
@@ -267,7 +267,7 @@ class Tagger:
                                    self.settings.window_stride_words, context=self.uses_context(examples),
                                    context_tokens=self.settings.context_tokens)
         rows = min(max_sentences, self.runtime.rows_per_forward or max_sentences)  # int8: one window a forward
-        batches = inference_batches(padded_lengths(features, self.pad_to_multiple_of), rows, max_tokens)
+        features, batches = fixed_shape_plan(features, self.pad_to_multiple_of, rows, max_tokens)
         word_ids, scores = predict_word_scores(self.runtime, features, batches, self.tokenizer.pad_token_id,
                                                progress, self.pad_to_multiple_of)
         return self.decoder(merge_predictions(examples, word_ids, scores))

@@ -673,6 +673,24 @@ def test_a_dead_batcher_stops_the_server_with_exit_status_1(random_model, monkey
     assert answers[0].status_code == 503 and "restarting" in answers[0].json()["error"]
 
 
+@pytest.mark.parametrize("precision", ("bf16", "auto"))
+def test_uvicorn_16_concurrent_answers_equal_answers_alone_in_the_default_precision(random_model, precision):
+    """bf16 (autocast runs on any CPU) and the default: each text answered alone (one request at a time), then
+    under 16 concurrent clients sharing batches (--max-wait-ms 1500): the same answers, scores included."""
+    process, url = start_server(random_model, "--max-wait-ms", "1500", "--mixed-precision", precision)
+    try:
+        texts = [f"{TEXTS[i % len(TEXTS)]} Request {i} from Lisbon {'and Cairo ' * i}" for i in range(16)]
+        with httpx.Client(base_url=url, timeout=60) as client:
+            alone = [client.post("/predict", json={"text": text}).json() for text in texts]
+        assert sum(len(a["entities"]) for a in alone) > 16
+        together = post_all(url, [{"text": text} for text in texts])
+        assert [r.status_code for r in together] == [200] * 16
+        assert [r.json() for r in together] == alone
+    finally:
+        process.kill()
+        process.wait(30)
+
+
 def test_taken_port_is_a_one_line_error(random_model):
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))

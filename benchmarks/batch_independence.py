@@ -1,0 +1,95 @@
+"""What fixed-shape inference batches cost, and whether a text's answer depends on its batch neighbours.
+
+    python -m benchmarks.batch_independence /work/runs/conll2/final ../shared/data/conll2003/train.txt --limit 2000
+
+Every CoNLL sentence is detokenised into one text (benchmarks.inference's sentence_texts). For each precision
+and each plan, Tagger.predict tags: the whole corpus in one call (throughput), single texts (the latency of a
+lone request), 16 random texts at a time (a server micro-batch), and each text of a sample alone, compared
+byte for byte (entities and scores) with its answer inside the corpus call. Plans: "sorted" is the plan
+before fixed shapes (global length sort cut by the budget: a window's rows and width depend on its
+neighbours); the others are fixed_shape_plan with R(W) = clamp(TOKENS // W, 1, ROWS) rows per forward
+of width W. Results: docs/performance.md, "Batch independence".
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+from unittest import mock
+
+from benchmarks.inference import sentence_texts
+
+PLANS = {"sorted 64x8192": (64, 8192), "fixed 1 row": (1, 0), "fixed 64x128": (64, 128),
+         "fixed 64x512": (64, 512), "fixed 64x8192": (64, 8192)}
+
+
+def sorted_plan(features, pad_to_multiple_of, max_rows, max_tokens):
+    """The plan before fixed shapes, for comparison."""
+    from ner.batching import inference_batches
+    from ner.encode import padded_lengths
+
+    return features, inference_batches(padded_lengths(features, pad_to_multiple_of), max_rows, max_tokens)
+
+
+def timed_calls(call, inputs: list) -> tuple[list, float]:
+    """(answers, median seconds per call)."""
+    answers, times = [], []
+    for item in inputs:
+        start = time.perf_counter()
+        answers.append(call(item))
+        times.append(time.perf_counter() - start)
+    return answers, statistics.median(times)
+
+
+def measure(tagger, plan: str, texts: list[str], words: int, sample: int) -> dict:
+    rows, tokens = PLANS[plan]
+    predict = lambda batch: tagger.predict(batch, rows, tokens)  # noqa: E731
+    baseline = plan.startswith("sorted")
+    with mock.patch("ner.infer.fixed_shape_plan", sorted_plan) if baseline else contextlib.nullcontext():
+        predict(texts[:64])  # kernels for the common shapes, thread pools
+        start = time.perf_counter()
+        together = predict(texts)
+        corpus_s = time.perf_counter() - start
+        rng = random.Random(0)
+        picks = rng.sample(range(len(texts)), sample)
+        alone, lone_s = timed_calls(lambda i: predict([texts[i]])[0], picks)
+        mixes = [[texts[i] for i in rng.sample(range(len(texts)), 16)] for _ in range(10)]
+        mix_s = timed_calls(predict, mixes)[1]
+    differ = sum(json.dumps(a) != json.dumps(together[i]) for a, i in zip(alone, picks))
+    spans = lambda result: [(e["start"], e["end"], e["type"]) for e in result["entities"]]  # noqa: E731
+    entities_differ = sum(spans(a) != spans(together[i]) for a, i in zip(alone, picks))
+    return {"plan": plan, "words_per_s": words / corpus_s, "corpus_s": corpus_s, "lone_ms": lone_s * 1000,
+            "mix16_ms": mix_s * 1000, "differ": differ, "entities_differ": entities_differ, "sample": sample}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model_dir", type=Path)
+    parser.add_argument("conll", type=Path, help="CoNLL file: each sentence becomes one raw text")
+    parser.add_argument("--limit", type=int, default=2000, help="first N sentences only")
+    parser.add_argument("--sample", type=int, default=300, help="texts also tagged alone")
+    parser.add_argument("--precisions", nargs="+", default=["bf16", "no"])
+    parser.add_argument("--plans", nargs="+", choices=PLANS, default=list(PLANS))
+    args = parser.parse_args(argv)
+    from ner.infer import Tagger
+
+    texts, _, words = sentence_texts(args.conll, args.limit)
+    print("| precision | plan (rows x tokens) | corpus words/s | 1 text (ms, median) | 16 texts (ms, median) | "
+          f"texts differing alone vs in corpus (of {args.sample}): output / entities |\n|---|---|---:|---:|---:|---:|")
+    for precision in args.precisions:
+        tagger = Tagger(args.model_dir, precision=precision)
+        for plan in args.plans:
+            r = measure(tagger, plan, texts, words, args.sample)
+            print(f"| {precision} | {plan} | {r['words_per_s']:.0f} | {r['lone_ms']:.1f} | {r['mix16_ms']:.1f} | "
+                  f"{r['differ']} / {r['entities_differ']} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

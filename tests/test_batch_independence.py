@@ -1,0 +1,116 @@
+"""A text's answer never depends on what shares its batch: fixed-shape inference batches (encode.fixed_shape_plan).
+
+Exact equality throughout: the same window, run in a forward pass of the same shape, gives the same bits
+whatever its neighbours hold; any dependence on the batch shows as a difference (kernels sum in a
+shape-dependent order, in fp32 as in bf16). Mixes are seeded, so each test is one deterministic check.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+
+import numpy as np
+import pytest
+from conftest import make_sentences
+
+from ner.batching import fixed_shape_batches, rows_for_width
+from ner.data import Example
+from ner.encode import Feature, collate, fixed_shape_plan, padded_lengths
+from ner.infer import Tagger
+from ner.predict import main as predict_main
+
+PRECISIONS = ("bf16", "no", "auto")  # bf16 autocast runs on any CPU; "auto" is the default, bf16 or fp32 by CPU
+SENTENCES = make_sentences(24, seed=11, long_every=5)  # 6-60 words: several widths, and windowed sentences
+TEXTS = [" ".join(word for word, _ in sentence) for sentence in SENTENCES]
+
+
+def mixes(count: int, seed: int) -> list[list[int]]:
+    """`count` seeded random selections of the texts, each in random order, of random sizes."""
+    rng = random.Random(seed)
+    return [rng.sample(range(len(TEXTS)), rng.randint(2, len(TEXTS))) for _ in range(count)]
+
+
+def test_plan_covers_each_window_once_in_batches_of_the_rows_of_their_width():
+    rng = random.Random(0)
+    features = [Feature([1] * n, [-100] * n, [-1] + [i] * (n - 2) + [-1], i)
+                for i, n in enumerate(rng.randint(3, 128) for _ in range(300))]
+    planned, batches = fixed_shape_plan(features, pad_to_multiple_of=4, max_rows=16, max_tokens=512)
+    assert planned[:len(features)] == features  # fillers are appended; the windows keep their indices
+    real = [i for batch in batches for i in batch if i < len(features)]
+    assert sorted(real) == list(range(len(features)))
+    widths = padded_lengths(planned, 4)
+    for batch in batches:
+        assert len({widths[i] for i in batch}) == 1
+        assert len(batch) == rows_for_width(widths[batch[0]], 16, 512)
+        shape = collate([planned[i] for i in batch], 0, 4)["input_ids"].shape
+        assert shape == (len(batch), widths[batch[0]])
+    fillers = planned[len(features):]
+    assert fillers and all(set(f.word_index) == {-1} and set(f.labels) == {-100} for f in fillers)
+
+
+def test_rows_for_width_is_the_budget_clamped():
+    assert [rows_for_width(w, 64, 512) for w in (4, 8, 128, 600)] == [64, 64, 4, 1]
+    assert rows_for_width(128, 8, 0) == 8 and rows_for_width(16, 1, 512) == 1
+    assert fixed_shape_batches([8, 8, 8, 16], 2, 0) == [([3], 2), ([0, 1], 2), ([2], 2)]
+
+
+def tagged_alone_and_mixed(tagger: Tagger, seed: int, **limits) -> None:
+    examples = [Example(sentence.split(), ["O"] * len(sentence.split()), "t") for sentence in TEXTS]
+    alone = [tagger.tag([example], **limits) for example in examples]
+    for mix in mixes(4, seed):
+        tags, probs = tagger.tag([examples[i] for i in mix], **limits)
+        for i, t, p in zip(mix, tags, probs):
+            assert t == alone[i][0][0] and np.array_equal(p, alone[i][1][0]), f"text {i} differs in a batch"
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_tagger_tags_a_text_alone_as_among_neighbours(random_model, precision):
+    tagger = Tagger(random_model, precision=precision)
+    tagged_alone_and_mixed(tagger, seed=1)
+    tagged_alone_and_mixed(tagger, seed=2, max_sentences=3, max_tokens=64)  # small batches: many fillers
+
+
+def test_predict_entities_alone_equal_those_in_a_batch(random_model):
+    tagger = Tagger(random_model, precision="bf16")
+    alone = [json.dumps(tagger.predict([text])) for text in TEXTS]
+    for mix in mixes(3, seed=3):
+        together = tagger.predict([TEXTS[i] for i in mix])
+        assert [json.dumps([r]) for r in together] == [alone[i] for i in mix]
+
+
+@pytest.fixture(scope="module")
+def onnx_export(random_model, tmp_path_factory):
+    pytest.importorskip("onnxruntime")
+    from ner.export import main as export_main
+
+    source = tmp_path_factory.mktemp("independence_src") / "final"
+    shutil.copytree(random_model, source)
+    (source / "training_args.json").write_text(json.dumps({"max_seq_length": 32}))  # long sentences: windows
+    out = tmp_path_factory.mktemp("independence_onnx") / "exported"
+    assert export_main([str(source), str(out), "--onnx"]) == 0
+    return out
+
+
+def test_onnx_fp32_tags_a_text_alone_as_among_neighbours(onnx_export):
+    tagged_alone_and_mixed(Tagger(onnx_export, runtime="onnx"), seed=4)
+
+
+@pytest.mark.parametrize("precision", ("bf16", "auto"))
+def test_predict_gives_a_line_the_same_output_in_two_files(random_model, tmp_path, capsys, precision):
+    """The same texts in two files, among short neighbours in one and long ones (windowed) in the other, in
+    another order: byte-identical output lines."""
+    def texts(count: int, seed: int, long_every: int = 0) -> list[str]:
+        return [" ".join(word for word, _ in s) for s in make_sentences(count, seed, long_every)]
+
+    shared, short, long = texts(12, seed=13), texts(4, seed=14), texts(4, seed=15, long_every=1)
+    files = {"a.txt": shared + short, "b.txt": [line for pair in zip(shared[::-1], long * 3) for line in pair]}
+    outputs = {}
+    for name, lines in files.items():
+        (tmp_path / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
+        argv = [str(random_model), str(tmp_path / name), "--quiet"]
+        assert predict_main(argv + ([] if precision == "auto" else ["--mixed-precision", precision])) == 0
+        outputs[name] = capsys.readouterr().out.splitlines()
+        assert len(outputs[name]) == len(lines)
+    assert outputs["b.txt"][0::2] == outputs["a.txt"][:len(shared)][::-1]

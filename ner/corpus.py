@@ -435,7 +435,8 @@ def _duration(seconds: float) -> str:
     return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s"
 
 
-def tag_my_chunks(args: argparse.Namespace, backend, sources: list[Source], plan: Plan) -> str | None:
+def tag_my_chunks(args: argparse.Namespace, backend, sources: list[Source], plan: Plan,
+                  progress: Progress) -> str | None:
     """Tag and write this process's chunks; the first error a user can fix is returned, not raised, so the
     other processes still meet this one at the end."""
     from ner.hooks import inject_fault
@@ -447,7 +448,6 @@ def tag_my_chunks(args: argparse.Namespace, backend, sources: list[Source], plan
     tagger = Tagger(args.model_dir, device=str(backend.device), precision=args.mixed_precision,
                     max_seq_length=args.max_seq_length, context=args.context, decode=args.decode,
                     runtime=args.runtime)
-    progress = Progress(args.output_dir, plan, backend.num_processes, args.quiet or not backend.is_main_process)
     try:
         for k, units in owned_chunks(sources, args.text_column, plan, mine):
             text = tag_chunk(tagger, args, units)
@@ -505,9 +505,12 @@ def tag_corpus(args: argparse.Namespace) -> int:
         if backend.is_main_process and not args.quiet:
             print(f"corpus: {plan.texts:,} texts in {plan.chunks} chunks of {plan.chunk_texts}, "
                   f"{len(plan.done)} done already; {backend.num_processes} process(es)", file=sys.stderr, flush=True)
-        errors = [e for e in backend.gather_object(tag_my_chunks(args, backend, sources, plan)) if e]
+        progress = Progress(args.output_dir, plan, backend.num_processes, args.quiet or not backend.is_main_process)
+        errors = [e for e in backend.gather_object(tag_my_chunks(args, backend, sources, plan, progress)) if e]
         if errors:
             raise UserError(errors[0])
+        if backend.num_processes > 1:
+            progress.report()  # every process has finished: the last line counts all of them
         if args.merge and backend.is_main_process:
             merged = merge_parts(args.output_dir, plan)
             if not args.quiet:
@@ -529,3 +532,36 @@ def add_corpus_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--text-column", default="text", help="parquet / datasets input: the column of texts")
     group.add_argument("--dist-timeout", type=float, default=7200.0,
                        help="seconds a process waits for the others at the start and the end (default: 7200)")
+
+
+# ----------------------------------------------------------------------------- Ray Data
+
+
+class RayTagger:
+    """A Tagger as the callable class Ray Data's `map_batches` takes for offline batch inference: each actor
+    loads the model once, then tags batches of rows; `entities` is added as a JSON string per row (the list
+    ner.predict writes), so the column holds one Arrow type whatever is found. Imports no Ray itself.
+
+        ds = ray.data.read_parquet("s3://bucket/corpus/")
+        ds = ds.map_batches(RayTagger, fn_constructor_kwargs={"model_dir": "runs/ner/final"},
+                            batch_size=DEFAULT_CHUNK_TEXTS, concurrency=4, num_gpus=1)
+        ds.write_parquet("s3://bucket/tagged/")
+    """
+
+    def __init__(self, model_dir: str, text_column: str = "text", batch_size: int | None = None,
+                 max_tokens: int | None = None, **tagger_options) -> None:
+        from ner.config import DEFAULT_MAX_SENTENCES, DEFAULT_MAX_TOKENS
+        from ner.infer import Tagger
+
+        self.tagger = Tagger(model_dir, **tagger_options)
+        self.text_column = text_column
+        self.max_sentences = batch_size or DEFAULT_MAX_SENTENCES
+        self.max_tokens = DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens
+
+    def __call__(self, batch: dict) -> dict:
+        import numpy as np
+
+        texts = [str(text) for text in batch[self.text_column]]
+        results = self.tagger.predict(texts, self.max_sentences, self.max_tokens)
+        found = [json.dumps(result["entities"], ensure_ascii=False) for result in results]
+        return {**batch, "entities": np.array(found, dtype=object)}

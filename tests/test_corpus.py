@@ -228,3 +228,26 @@ def test_the_manifest_records_model_settings_and_input(random_model, corpus, tmp
     assert manifest["settings"]["chunk_texts"] == 4096 and manifest["texts"] == 7
     assert manifest["inputs"][0]["files"][0]["size"] == corpus["first"].stat().st_size
     shutil.rmtree(out)
+
+
+@pytest.mark.slow
+def test_ray_data_map_batches_gives_the_single_process_entities(random_model, corpus, tmp_path):
+    """Ray started for real on this machine (a one-node cluster on loopback), CPU only."""
+    ray = pytest.importorskip("ray")
+    from ner.corpus import RayTagger
+
+    out = tmp_path / "out"
+    assert tag(random_model, out, corpus["first"], corpus["second"], extra=("--chunk-texts", "4", "--merge")) == 0
+    expected = [json.dumps(r["entities"], ensure_ascii=False) for r in lines(out / "predictions.jsonl")]
+    texts = TEXTS[:6] + [""] + TEXTS[6:10]
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        ray.data.DataContext.get_current().execution_options.preserve_order = True
+        dataset = ray.data.from_items([{"text": text, "n": i} for i, text in enumerate(texts)])
+        tagged = dataset.map_batches(RayTagger, batch_size=4, concurrency=1, fn_constructor_kwargs={
+            "model_dir": str(random_model), "precision": "no", "batch_size": 3})
+        rows = tagged.take_all()
+    finally:
+        ray.shutdown()
+    assert [row["n"] for row in rows] == list(range(len(texts)))  # the other columns come through
+    assert [row["entities"] for row in rows] == expected

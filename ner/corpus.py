@@ -108,7 +108,7 @@ def expand_inputs(inputs: list[str], jsonl: bool, out_dir: Path) -> list[Source]
             if not paths:
                 raise UserError(f"{given}: no file matches")
         elif path.is_dir() and not _is_dataset_folder(path):
-            paths = [p for p in _folder_files(path, out_dir)]
+            paths = _folder_files(path, out_dir)
             if not paths:
                 raise UserError(f"{given}: an empty folder")
         elif path.exists():
@@ -243,6 +243,8 @@ def model_identity(model_dir: Path, runtime: str) -> dict:
     card (README.md) and ONNX files another runtime reads are left out."""
     from ner.runtime import ONNX_FILES
 
+    if not (model_dir / "config.json").is_file():
+        raise UserError(f"{model_dir}: not a model folder (no config.json); pass OUTPUT_DIR/final")
     unused = {name for key, name in ONNX_FILES.items() if key != runtime}
     files = sorted(p for p in model_dir.iterdir() if p.is_file() and not p.name.startswith(".")
                    and p.name != "README.md" and p.name not in unused)
@@ -445,10 +447,10 @@ def tag_my_chunks(args: argparse.Namespace, backend, sources: list[Source], plan
     mine = plan.mine(backend.process_index, backend.num_processes)
     if not mine:
         return None
-    tagger = Tagger(args.model_dir, device=str(backend.device), precision=args.mixed_precision,
-                    max_seq_length=args.max_seq_length, context=args.context, decode=args.decode,
-                    runtime=args.runtime)
     try:
+        tagger = Tagger(args.model_dir, device=str(backend.device), precision=args.mixed_precision,
+                        max_seq_length=args.max_seq_length, context=args.context, decode=args.decode,
+                        runtime=args.runtime)
         for k, units in owned_chunks(sources, args.text_column, plan, mine):
             text = tag_chunk(tagger, args, units)
             inject_fault(k, backend.process_index)  # NER_FAULT_INJECT="kill:CHUNK[:RANK]": a kill inside a chunk

@@ -6,6 +6,7 @@
     python -m ner.predict runs/ner/final test.conll --conll            # gold tags too: seqeval report on stderr
     python -m ner.predict runs/ner/final test.conll --conll --format conll > tagged.conll
     python -m ner.predict runs/ner/final texts.jsonl --jsonl --format spans > pre_annotated.jsonl
+    python -m ner.predict runs/ner/final corpus/ --output-dir tagged --merge   # a corpus: ner/corpus.py
 
 JSON output, one line per input line (raw text: an empty line gives no entities):
     {"entities": [{"text": "Angela Merkel", "type": "PER", "start": 0, "end": 13, "score": 0.99}]}
@@ -36,6 +37,7 @@ from seqeval.metrics import classification_report
 from tqdm.auto import tqdm
 
 from ner.config import add_inference_arguments
+from ner.corpus import add_corpus_arguments, tag_corpus
 from ner.data import Example, check_known_labels, parse_jsonl, read_conll
 from ner.errors import UserError, cli
 from ner.infer import Tagger, entities, word_positions
@@ -105,7 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
                                      epilog=__doc__[__doc__.index("JSON output"):],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model_dir", type=Path, help="an exported model folder (OUTPUT_DIR/final)")
-    parser.add_argument("file", type=Path, nargs="?", help="input file (default: stdin); " + RAW_HELP)
+    parser.add_argument("inputs", type=Path, nargs="*", metavar="INPUT",
+                        help="input file (default: stdin); " + RAW_HELP + "; with --output-dir: files, globs, "
+                             "folders, parquet files or a datasets folder")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--pretokenized", action="store_true",
                       help="each line is one sentence of words separated by spaces; entities carry word indices "
@@ -120,6 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "predictions to import) (default: json)")
     add_inference_arguments(parser)
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_corpus_arguments(parser)
     return parser
 
 
@@ -139,6 +144,11 @@ def predict_raw(tagger: Tagger, args: argparse.Namespace, progress) -> int:
 @cli
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.output_dir is not None:
+        return tag_corpus(args)
+    if len(args.inputs) > 1:
+        raise UserError("several INPUTs need --output-dir (corpus tagging); without it, give one file or stdin")
+    args.file = args.inputs[0] if args.inputs else None
     if args.format == "conll" and not (args.pretokenized or args.conll):
         raise UserError("--format conll writes one word a line: pass --pretokenized or --conll")
     if args.format == "label-studio" and (args.pretokenized or args.conll):

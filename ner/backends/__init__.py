@@ -156,3 +156,38 @@ class RawPrecisionSteps:
     @property
     def grad_scaler(self):
         return self.amp.scaler
+
+
+class SingleProcess:
+    """The inference backend without a launcher: one process on the first accelerator (or the CPU)."""
+
+    process_index, local_rank, num_processes, is_main_process = 0, 0, 1, True
+
+    def __init__(self) -> None:
+        self.device = default_device()
+
+    def wait_for_everyone(self) -> None:
+        pass
+
+    def gather_object(self, obj: Any) -> list:
+        return [obj]
+
+    def reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor
+
+    def end(self) -> None:
+        pass
+
+
+def inference_backend(timeout_s: float):
+    """One process per model copy, as the launcher started them (torchrun, or accelerate launch, which sets
+    the same RANK / WORLD_SIZE / LOCAL_RANK): a process group (nccl on GPUs, gloo on CPUs) and this process's
+    device; a single process when nothing launched it. Has the Backend's process_index, num_processes, device,
+    is_main_process, wait_for_everyone, gather_object, reduce_sum, plus end()."""
+    import os
+
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return SingleProcess()
+    from ner.backends.raw_ddp import InferenceGroup
+
+    return InferenceGroup(timeout_s)

@@ -20,6 +20,7 @@ import os
 import socket
 import sys
 from datetime import timedelta
+from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
@@ -76,16 +77,33 @@ class _ShardedLoader:
         return len(self.loader)
 
 
-class RawDDPBackend(RawPrecisionSteps):
+class _Collectives:
+    """What every process group here offers, under Accelerate's names (needs process_index, num_processes)."""
+
+    @property
+    def is_main_process(self) -> bool:
+        return self.process_index == 0
+
+    def wait_for_everyone(self) -> None:
+        dist.barrier()
+
+    def gather_object(self, obj):
+        gathered = [None] * self.num_processes
+        dist.all_gather_object(gathered, obj)
+        return gathered
+
+    def reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        tensor = tensor.clone()
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        return tensor
+
+
+class RawDDPBackend(_Collectives, RawPrecisionSteps):
     def __init__(self, cfg, rank: int, local_rank: int, world_size: int) -> None:
         self.process_index, self.local_rank, self.num_processes = rank, local_rank, world_size
         self.device = _init(cfg, rank, local_rank, world_size)
         self.mixed_precision = resolve_precision(cfg.mixed_precision, self.device)
         self.amp = LossScaler(self.device, self.mixed_precision)
-
-    @property
-    def is_main_process(self) -> bool:
-        return self.process_index == 0
 
     def prepare(self, model, optimizer, train_loader):
         # CPU (gloo): no device_ids; GPU: one device per process.
@@ -103,24 +121,24 @@ class RawDDPBackend(RawPrecisionSteps):
     def no_sync(self, model):
         return model.no_sync() if isinstance(model, DistributedDataParallel) else contextlib.nullcontext()
 
-    def reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
-        tensor = tensor.clone()
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
-        return tensor
-
-    def gather_object(self, obj):
-        gathered = [None] * self.num_processes
-        dist.all_gather_object(gathered, obj)
-        return gathered
-
     def unwrap_model(self, model):
         return model.module if isinstance(model, DistributedDataParallel) else model
 
     def log_metrics(self, values: dict, step: int) -> None:
         pass  # trackers come with Accelerate; metrics.jsonl has the same numbers
 
-    def wait_for_everyone(self) -> None:
-        dist.barrier()
+
+class InferenceGroup(_Collectives):
+    """The processes a launcher started for inference (ner/corpus.py): one model copy each on its own
+    device, no DDP wrapper; the collectives are the ones corpus tagging needs."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.process_index, self.local_rank, self.num_processes = _world(None)
+        self.device = _init(SimpleNamespace(dist_timeout=timeout_s), self.process_index, self.local_rank,
+                            self.num_processes)
+
+    def end(self) -> None:
+        dist.destroy_process_group()
 
 
 def _world(local_rank_arg: int | None) -> tuple[int, int, int] | None:

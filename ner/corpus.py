@@ -1,0 +1,569 @@
+"""Tag a corpus into a folder: streamed, in fixed chunks, resumable, in input order, over any number of processes.
+
+    python -m ner.predict runs/ner/final corpus/*.txt --output-dir tagged --merge     # raw text, a text a line
+    python -m ner.predict runs/ner/final docs.jsonl --jsonl --output-dir tagged       # span JSONL, fields kept
+    python -m ner.predict runs/ner/final shards/ --text-column body --output-dir tagged   # parquet / datasets folder
+    torchrun --nproc_per_node 4 -m ner.predict runs/ner/final corpus/ --output-dir tagged --merge
+    accelerate launch --num_processes 4 -m ner.predict runs/ner/final corpus/ --output-dir tagged
+    torchrun --nnodes 2 --nproc_per_node 4 --rdzv-backend c10d --rdzv-endpoint HOST:29500 -m ner.predict ...
+
+The input is read lazily and cut into chunks of --chunk-texts texts (never dependent on the number of
+processes); the chunks not yet done are dealt round-robin to the processes, each of which holds one model
+copy on its own device. Chunk k is written whole or not at all (ner/files.py) as OUT/part-<k>.jsonl, one
+line per input text in input order, each with its "_source" (`file:line`, or `file#row` for parquet and
+datasets rows). OUT/manifest.json records the model (its files' SHA-256), the settings and the input
+(paths, sizes, modification times, texts per file). Rerunning the same command skips finished parts and
+writes byte-identical output; a changed model, setting or input is refused, naming the difference
+(--overwrite removes what this tool wrote there and starts again). --merge: rank 0 concatenates the parts
+into OUT/predictions.jsonl once every part exists. OUT must be a folder every process (and node) sees.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import hashlib
+import itertools
+import json
+import re
+import shutil
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from ner.errors import UserError
+from ner.files import atomic_write_text, staged_file
+from ner.spans import entities_record, text_of
+
+MANIFEST, MERGED = "manifest.json", "predictions.jsonl"
+MANIFEST_VERSION = 1
+PART = re.compile(r"part-(\d{5,})\.jsonl")
+# ner/files.py names its temporary files `.NAME.tmp-<8 hex>SUFFIX`: ours beyond doubt when NAME is ours
+OUR_TEMP = re.compile(r"\.(part-\d{5,}\.jsonl|manifest\.json|predictions\.jsonl)\.tmp-[0-9a-f]{8}\.(jsonl|json)")
+DEFAULT_CHUNK_TEXTS = 4096  # docs/corpus.md: as fast as larger chunks, a few seconds to lose on a GPU
+READ_BLOCK_BYTES = 1 << 20
+Unit = tuple[str, str, object]  # (kind, where, payload): a text as read, parsed only where it is tagged
+
+
+def part_name(chunk: int) -> str:
+    return f"part-{chunk:05d}.jsonl"
+
+
+# ----------------------------------------------------------------------------- inputs
+
+
+@dataclass(frozen=True)
+class Source:
+    """One input file (or datasets folder): `name` as the user's arguments spell it, `kind` how it is read."""
+
+    name: str
+    kind: str  # text | jsonl | parquet | dataset
+
+    @property
+    def path(self) -> Path:
+        return Path(self.name)
+
+    def files(self) -> list[Path]:
+        if self.kind != "dataset":
+            return [self.path]
+        return sorted(p for p in self.path.iterdir() if p.is_file() and not p.name.startswith("."))
+
+
+def _kind(path: Path, jsonl: bool) -> str:
+    if path.is_dir():
+        if (path / "dataset_dict.json").is_file():
+            splits = sorted(p.name for p in path.iterdir() if p.is_dir())
+            raise UserError(f"{path}: a datasets DatasetDict; pass one split's folder ({', '.join(splits)})")
+        return "dataset"
+    if path.suffix == ".parquet":
+        return "parquet"
+    return "jsonl" if jsonl else "text"
+
+
+def _is_dataset_folder(path: Path) -> bool:
+    return (path / "state.json").is_file() or (path / "dataset_dict.json").is_file()
+
+
+def _folder_files(folder: Path, out_dir: Path) -> list[Path]:
+    """A folder's files, sorted by path, hidden ones and the output folder's left out."""
+    found = []
+    for path in sorted(folder.rglob("*")):
+        relative = path.relative_to(folder).parts
+        if path.is_file() and not any(part.startswith(".") for part in relative) and out_dir not in path.parents:
+            found.append(path)
+    return found
+
+
+def expand_inputs(inputs: list[str], jsonl: bool, out_dir: Path) -> list[Source]:
+    """Files, globs and folders, in the order given; a glob's or folder's files sorted by path."""
+    out_dir = out_dir.resolve()
+    sources = []
+    for given in inputs:
+        path = Path(given)
+        if glob.has_magic(given):
+            paths = [Path(p) for p in sorted(glob.glob(given, recursive=True))]
+            paths = [p for p in paths if p.is_file() or _is_dataset_folder(p)]
+            if not paths:
+                raise UserError(f"{given}: no file matches")
+        elif path.is_dir() and not _is_dataset_folder(path):
+            paths = _folder_files(path, out_dir)
+            if not paths:
+                raise UserError(f"{given}: an empty folder")
+        elif path.exists():
+            paths = [path]
+        else:
+            raise UserError(f"{given}: file not found")
+        sources += [Source(str(p), _kind(p, jsonl)) for p in paths]
+    return sources
+
+
+def _count_lines(path: Path) -> int:
+    """Texts in a raw-text file: its \\n-ended lines, plus a last line without one."""
+    count, last = 0, b"\n"
+    with open(path, "rb") as handle:
+        while block := handle.read(READ_BLOCK_BYTES):
+            count += block.count(b"\n")
+            last = block[-1:]
+    return count + (last != b"\n")
+
+
+def count_texts(source: Source, text_column: str) -> int:
+    """A streaming pass (raw text, JSONL) or the files' metadata (parquet, datasets)."""
+    if source.kind == "text":
+        return _count_lines(source.path)
+    if source.kind == "jsonl":
+        with open(source.path, "rb") as handle:
+            return sum(1 for line in handle if line.strip())
+    return len(_open_table(source, text_column))
+
+
+class _ParquetColumn:
+    def __init__(self, path: Path, column: str) -> None:
+        import pyarrow.parquet as pq
+
+        self.file = pq.ParquetFile(path)
+        if column not in self.file.schema_arrow.names:
+            raise UserError(f"{path}: no column {column!r} (it has {', '.join(self.file.schema_arrow.names)}); "
+                            "pass --text-column")
+        self.column = column
+
+    def __len__(self) -> int:
+        return self.file.metadata.num_rows
+
+    def __iter__(self) -> Iterator[object]:
+        for batch in self.file.iter_batches(batch_size=1024, columns=[self.column]):
+            yield from batch.column(0).to_pylist()
+
+
+class _DatasetColumn:
+    def __init__(self, path: Path, column: str) -> None:
+        import datasets
+
+        datasets.disable_progress_bars()
+        self.dataset = datasets.load_from_disk(str(path))  # memory-mapped Arrow: nothing read yet
+        if column not in self.dataset.column_names:
+            raise UserError(f"{path}: no column {column!r} (it has {', '.join(self.dataset.column_names)}); "
+                            "pass --text-column")
+        self.column = column
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __iter__(self) -> Iterator[object]:
+        for batch in self.dataset.select_columns([self.column]).iter(batch_size=1024):
+            yield from batch[self.column]
+
+
+def _open_table(source: Source, column: str):
+    return (_ParquetColumn if source.kind == "parquet" else _DatasetColumn)(source.path, column)
+
+
+def _file_lines(source: Source) -> Iterator[tuple[str, str, bytes]]:
+    with open(source.path, "rb") as handle:
+        for line_no, line in enumerate(handle, start=1):
+            if source.kind == "jsonl" and not line.strip():
+                continue
+            if line_no == 1 and line.startswith(b"\xef\xbb\xbf"):
+                line = line[3:]
+            line = line[:-1] if line.endswith(b"\n") else line
+            yield source.kind, f"{source.name}:{line_no}", line[:-1] if line.endswith(b"\r") else line
+
+
+def iter_units(sources: list[Source], text_column: str) -> Iterator[Unit]:
+    """(kind, where, payload) for every text in input order, read lazily: a raw line (bytes, parsed only when its
+    chunk is tagged here) or a table cell."""
+    for source in sources:
+        if source.kind in ("text", "jsonl"):
+            yield from _file_lines(source)
+        else:
+            for row, value in enumerate(_open_table(source, text_column)):
+                yield source.kind, f"{source.name}#{row}", value
+
+
+def parse_unit(kind: str, where: str, payload: object) -> dict:
+    """A text's record ({"text": ...} plus, for JSONL, its other fields); a bad one names its file and line."""
+    if isinstance(payload, bytes):
+        try:
+            line = payload.decode("utf-8")
+        except UnicodeDecodeError:
+            raise UserError(f"{where}: not UTF-8 text; re-save it as UTF-8") from None
+        if kind == "text":
+            return {"text": line}
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise UserError(f"{where}: not valid JSON ({exc.msg}); expected a JSON object with a \"text\"") from None
+        text_of(record, where)
+        return record
+    if not isinstance(payload, str):
+        raise UserError(f"{where}: the text column holds {type(payload).__name__}, not a string")
+    return {"text": payload}
+
+
+# ----------------------------------------------------------------------------- manifest
+
+
+def file_identity(path: Path) -> dict:
+    stat = path.stat()
+    return {"path": str(path.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(READ_BLOCK_BYTES):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def model_identity(model_dir: Path, runtime: str) -> dict:
+    """The files that decide the model's answers: weights, config, tokenizer, training_args.json. The model
+    card (README.md) and ONNX files another runtime reads are left out."""
+    from ner.runtime import ONNX_FILES
+
+    if not (model_dir / "config.json").is_file():
+        raise UserError(f"{model_dir}: not a model folder (no config.json); pass OUTPUT_DIR/final")
+    unused = {name for key, name in ONNX_FILES.items() if key != runtime}
+    files = sorted(p for p in model_dir.iterdir() if p.is_file() and not p.name.startswith(".")
+                   and p.name != "README.md" and p.name not in unused)
+    return {"path": str(model_dir.resolve()), "sha256": {p.name: sha256_file(p) for p in files}}
+
+
+def corpus_settings(args: argparse.Namespace, precision: str) -> dict:
+    """Every option that changes the output (parts included: --chunk-texts decides what a part holds)."""
+    return {"format": args.format, "jsonl": args.jsonl, "text_column": args.text_column,
+            "chunk_texts": args.chunk_texts, "max_seq_length": args.max_seq_length, "context": args.context,
+            "decode": args.decode, "mixed_precision": precision, "runtime": args.runtime,
+            "batch_size": args.batch_size, "max_tokens": args.max_tokens}
+
+
+def input_identity(sources: list[Source]) -> list[dict]:
+    return [{"name": s.name, "kind": s.kind, "files": [file_identity(p) for p in s.files()]} for s in sources]
+
+
+def differences(saved: dict, current: dict) -> list[str]:
+    """What differs between the manifest and this run, one phrase each."""
+    found = []
+    if saved.get("model", {}).get("sha256") != current["model"]["sha256"]:
+        old, new = saved.get("model", {}).get("sha256", {}), current["model"]["sha256"]
+        changed = sorted(name for name in old.keys() | new.keys() if old.get(name) != new.get(name))
+        found.append(f"model files changed ({', '.join(changed)})")
+    for key, value in current["settings"].items():
+        if saved.get("settings", {}).get(key) != value:
+            found.append(f"--{key.replace('_', '-')}: {saved.get('settings', {}).get(key)!r} before, {value!r} now")
+    old_inputs = {f["path"]: f for s in saved.get("inputs", []) for f in s["files"]}
+    new_inputs = {f["path"]: f for s in current["inputs"] for f in s["files"]}
+    for path in sorted(old_inputs.keys() - new_inputs.keys()):
+        found.append(f"input {path} no longer given")
+    for path in sorted(new_inputs.keys() - old_inputs.keys()):
+        found.append(f"input {path} added")
+    for path in sorted(old_inputs.keys() & new_inputs.keys()):
+        if old_inputs[path] != new_inputs[path]:
+            found.append(f"input {path} changed (size or modification time)")
+    if not found and [s["name"] for s in saved["inputs"]] != [s["name"] for s in current["inputs"]]:
+        found.append("the inputs' order changed")
+    return found
+
+
+# ----------------------------------------------------------------------------- the output folder
+
+
+def ours(name: str) -> bool:
+    return name in (MANIFEST, MERGED) or bool(PART.fullmatch(name)) or bool(OUR_TEMP.fullmatch(name))
+
+
+def remove_ours(out_dir: Path, temporaries_only: bool = False) -> None:
+    """Delete what this tool writes in OUT (parts, manifest, merged file, their temporary files); nothing else."""
+    for path in out_dir.iterdir():
+        if path.is_file() and ours(path.name) and (not temporaries_only or OUR_TEMP.fullmatch(path.name)):
+            path.unlink()
+
+
+def check_folder_is_ours(out_dir: Path) -> dict | None:
+    """The manifest of a folder this tool wrote, None for a new or empty folder; another folder is refused."""
+    if not out_dir.exists():
+        return None
+    if not out_dir.is_dir():
+        raise UserError(f"{out_dir}: not a folder; --output-dir needs a new or empty folder, or one it wrote")
+    manifest = out_dir / MANIFEST
+    if manifest.is_file():
+        saved = json.loads(manifest.read_text(encoding="utf-8"))
+        if saved.get("tool") == "ner.predict":
+            return saved
+    other = next(iter(sorted(out_dir.iterdir())), None)
+    if other is not None:
+        raise UserError(f"{other}: --output-dir {out_dir} is not empty and holds no ner.predict manifest; "
+                        "pick a new or empty folder (nothing was changed there)")
+    return None
+
+
+def finished_chunks(out_dir: Path) -> set[int]:
+    """Parts on disk: each exists only whole (renamed into place after it was written)."""
+    return {int(m.group(1)) for p in out_dir.iterdir() if (m := PART.fullmatch(p.name))}
+
+
+@dataclass(frozen=True)
+class Plan:
+    texts: int
+    chunk_texts: int
+    done: frozenset[int]
+
+    @property
+    def chunks(self) -> int:
+        return -(-self.texts // self.chunk_texts)
+
+    def size(self, chunk: int) -> int:
+        return min(self.chunk_texts, self.texts - chunk * self.chunk_texts)
+
+    def mine(self, rank: int, world: int) -> list[int]:
+        """The chunks not done, dealt round-robin: balanced on a fresh run and on a resume alike."""
+        return [k for k in range(self.chunks) if k not in self.done][rank::world]
+
+
+def prepare(args: argparse.Namespace, sources: list[Source], precision: str) -> Plan:
+    """Rank 0, before anyone writes: check OUT, refuse a changed run (or start again), count, write the manifest."""
+    out_dir: Path = args.output_dir
+    saved = check_folder_is_ours(out_dir)
+    current = {"tool": "ner.predict", "version": MANIFEST_VERSION,
+               "model": model_identity(args.model_dir, args.runtime),
+               "settings": corpus_settings(args, precision), "inputs": input_identity(sources)}
+    if saved is not None and args.overwrite:
+        remove_ours(out_dir)
+        saved = None
+    if saved is not None:
+        changed = differences(saved, current)
+        if changed:
+            raise UserError(f"{out_dir}: written by another run ({'; '.join(changed)}); rerun that command to "
+                            "resume, or pass --overwrite to start again (it removes only parts, manifest and "
+                            f"{MERGED})")
+        remove_ours(out_dir, temporaries_only=True)  # a killed writer's leftovers; the parts are whole
+        return Plan(saved["texts"], args.chunk_texts, frozenset(finished_chunks(out_dir)))
+    counts = [count_texts(source, args.text_column) for source in sources]
+    for source, count in zip(current["inputs"], counts):
+        source["texts"] = count
+    current["texts"] = sum(counts)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out_dir / MANIFEST, json.dumps(current, indent=1) + "\n", fsync=True)
+    return Plan(current["texts"], args.chunk_texts, frozenset())
+
+
+# ----------------------------------------------------------------------------- tagging
+
+
+def owned_chunks(sources: list[Source], text_column: str, plan: Plan,
+                 mine: list[int]) -> Iterator[tuple[int, list[Unit]]]:
+    """(k, units) for this process's chunks, streaming past the others (their lines are never parsed)."""
+    wanted = set(mine)
+    if not wanted:
+        return
+    units = iter_units(sources, text_column)
+    for k in range(max(wanted) + 1):
+        chunk = list(itertools.islice(units, plan.size(k))) if k in wanted else None
+        if chunk is None:
+            for _ in itertools.islice(units, plan.size(k)):
+                pass
+            continue
+        yield k, chunk
+
+
+def output_line(record: dict, where: str, found: list[dict], spans: bool, raw_text: bool) -> str:
+    if spans:
+        out = entities_record(record, found)
+    elif raw_text:
+        out = {"entities": found}
+    else:  # the record's other fields kept, its spans replaced by the predicted entities
+        out = {**entities_record(record, found), "entities": found}
+    return json.dumps({"_source": where, **out}, ensure_ascii=False) + "\n"
+
+
+def tag_chunk(tagger, args: argparse.Namespace, units: list[Unit]) -> str:
+    """A chunk's output; every line is parsed before anything is tagged, so a bad one writes nothing."""
+    records = [parse_unit(kind, where, payload) for kind, where, payload in units]
+    results = tagger.predict([r["text"] for r in records], args.batch_size, args.max_tokens)
+    return "".join(output_line(record, where, result["entities"], args.format == "spans", not args.jsonl)
+                   for (_, where, _), record, result in zip(units, records, results))
+
+
+class Progress:
+    """Rank 0's view of every process's work: the parts on disk (OUT is shared), read after each of its chunks."""
+
+    def __init__(self, out_dir: Path, plan: Plan, world: int, quiet: bool) -> None:
+        self.out_dir, self.plan, self.world, self.quiet = out_dir, plan, world, quiet
+        self.start_s, self.start_texts = time.monotonic(), self.done_texts()
+
+    def done_texts(self) -> int:
+        return sum(self.plan.size(k) for k in finished_chunks(self.out_dir) if k < self.plan.chunks)
+
+    def line(self) -> str:
+        done = self.done_texts()
+        rate = (done - self.start_texts) / max(time.monotonic() - self.start_s, 1e-9)
+        eta = (self.plan.texts - done) / rate if rate > 0 else float("nan")
+        return (f"corpus: {done:,}/{self.plan.texts:,} texts ({100 * done / max(self.plan.texts, 1):.1f}%), "
+                f"{rate:,.1f} texts/s over {self.world} process{'es' if self.world > 1 else ''}, "
+                f"ETA {_duration(eta)}")
+
+    def report(self) -> None:
+        if not self.quiet:
+            print(self.line(), file=sys.stderr, flush=True)
+
+
+def _duration(seconds: float) -> str:
+    if seconds != seconds:  # nan: nothing measured yet
+        return "?"
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s"
+
+
+def tag_my_chunks(args: argparse.Namespace, backend, sources: list[Source], plan: Plan,
+                  progress: Progress) -> str | None:
+    """Tag and write this process's chunks; the first error a user can fix is returned, not raised, so the
+    other processes still meet this one at the end."""
+    from ner.hooks import inject_fault
+    from ner.infer import Tagger
+
+    mine = plan.mine(backend.process_index, backend.num_processes)
+    if not mine:
+        return None
+    try:
+        tagger = Tagger(args.model_dir, device=str(backend.device), precision=args.mixed_precision,
+                        max_seq_length=args.max_seq_length, context=args.context, decode=args.decode,
+                        runtime=args.runtime)
+        for k, units in owned_chunks(sources, args.text_column, plan, mine):
+            text = tag_chunk(tagger, args, units)
+            inject_fault(k, backend.process_index)  # NER_FAULT_INJECT="kill:CHUNK[:RANK]": a kill inside a chunk
+            atomic_write_text(args.output_dir / part_name(k), text, fsync=True)
+            progress.report()
+    except UserError as exc:
+        return str(exc)
+    return None
+
+
+def merge_parts(out_dir: Path, plan: Plan) -> Path:
+    """OUT/predictions.jsonl: the parts in order, streamed, written whole or not at all."""
+    missing = [part_name(k) for k in range(plan.chunks) if not (out_dir / part_name(k)).is_file()]
+    if missing:
+        raise UserError(f"{out_dir}: cannot merge, {len(missing)} part(s) missing ({missing[0]}, ...); rerun the "
+                        "command to tag them")
+    with staged_file(out_dir / MERGED, fsync=True) as tmp, open(tmp, "wb") as merged:
+        for k in range(plan.chunks):
+            with open(out_dir / part_name(k), "rb") as part:
+                shutil.copyfileobj(part, merged, READ_BLOCK_BYTES)
+    return out_dir / MERGED
+
+
+def check_corpus_args(args: argparse.Namespace) -> None:
+    if args.pretokenized or args.conll:
+        raise UserError("--output-dir tags raw text, --jsonl or parquet/datasets columns; "
+                        "--pretokenized and --conll write to stdout")
+    if args.format not in ("json", "spans"):
+        raise UserError(f"--format {args.format}: --output-dir writes json or spans lines")
+    if args.chunk_texts < 1:
+        raise UserError(f"--chunk-texts must be at least 1 (got {args.chunk_texts})")
+    if not args.inputs:
+        raise UserError("--output-dir needs INPUT files, globs or folders (stdin cannot be resumed)")
+
+
+def tag_corpus(args: argparse.Namespace) -> int:
+    """The whole run in every process: rank 0 prepares, all tag their chunks, rank 0 merges."""
+    from ner.backends import inference_backend, resolve_precision
+
+    check_corpus_args(args)
+    backend = inference_backend(args.dist_timeout)
+    try:
+        sources = expand_inputs([str(p) for p in args.inputs], args.jsonl, args.output_dir)
+        precision = resolve_precision(args.mixed_precision, backend.device)
+        plan_or_error: Plan | str | None = None
+        if backend.is_main_process:
+            try:
+                plan_or_error = prepare(args, sources, precision)
+            except UserError as exc:
+                plan_or_error = str(exc)
+        plan = backend.gather_object(plan_or_error)[0]  # every process waits for rank 0's check
+        if isinstance(plan, str):
+            raise UserError(plan)
+        if backend.is_main_process and not args.quiet:
+            print(f"corpus: {plan.texts:,} texts in {plan.chunks} chunks of {plan.chunk_texts}, "
+                  f"{len(plan.done)} done already; {backend.num_processes} process(es)", file=sys.stderr, flush=True)
+        progress = Progress(args.output_dir, plan, backend.num_processes, args.quiet or not backend.is_main_process)
+        errors = [e for e in backend.gather_object(tag_my_chunks(args, backend, sources, plan, progress)) if e]
+        if errors:
+            raise UserError(errors[0])
+        if backend.num_processes > 1:
+            progress.report()  # every process has finished: the last line counts all of them
+        if args.merge and backend.is_main_process:
+            merged = merge_parts(args.output_dir, plan)
+            if not args.quiet:
+                print(f"corpus: wrote {merged}", file=sys.stderr, flush=True)
+    finally:
+        backend.end()
+    return 0
+
+
+def add_corpus_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("corpus tagging (--output-dir; see ner/corpus.py)")
+    group.add_argument("--output-dir", type=Path, default=None,
+                       help="tag INPUT... into OUT/part-NNNNN.jsonl (resumable, any number of processes)")
+    group.add_argument("--chunk-texts", type=int, default=DEFAULT_CHUNK_TEXTS,
+                       help=f"texts per part (default: {DEFAULT_CHUNK_TEXTS})")
+    group.add_argument("--merge", action="store_true", help="then concatenate the parts into OUT/" + MERGED)
+    group.add_argument("--overwrite", action="store_true",
+                       help="start again: remove the parts, manifest and merged file a previous run wrote in OUT")
+    group.add_argument("--text-column", default="text", help="parquet / datasets input: the column of texts")
+    group.add_argument("--dist-timeout", type=float, default=7200.0,
+                       help="seconds a process waits for the others at the start and the end (default: 7200)")
+
+
+# ----------------------------------------------------------------------------- Ray Data
+
+
+class RayTagger:
+    """A Tagger as the callable class Ray Data's `map_batches` takes for offline batch inference: each actor
+    loads the model once, then tags batches of rows; `entities` is added as a JSON string per row (the list
+    ner.predict writes), so the column holds one Arrow type whatever is found. Imports no Ray itself.
+
+        ds = ray.data.read_parquet("s3://bucket/corpus/")
+        ds = ds.map_batches(RayTagger, fn_constructor_kwargs={"model_dir": "runs/ner/final"},
+                            batch_size=DEFAULT_CHUNK_TEXTS, concurrency=4, num_gpus=1)
+        ds.write_parquet("s3://bucket/tagged/")
+    """
+
+    def __init__(self, model_dir: str, text_column: str = "text", batch_size: int | None = None,
+                 max_tokens: int | None = None, **tagger_options) -> None:
+        from ner.config import DEFAULT_MAX_SENTENCES, DEFAULT_MAX_TOKENS
+        from ner.infer import Tagger
+
+        self.tagger = Tagger(model_dir, **tagger_options)
+        self.text_column = text_column
+        self.max_sentences = batch_size or DEFAULT_MAX_SENTENCES
+        self.max_tokens = DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens
+
+    def __call__(self, batch: dict) -> dict:
+        import numpy as np
+
+        texts = [str(text) for text in batch[self.text_column]]
+        results = self.tagger.predict(texts, self.max_sentences, self.max_tokens)
+        found = [json.dumps(result["entities"], ensure_ascii=False) for result in results]
+        return {**batch, "entities": np.array(found, dtype=object)}

@@ -1,0 +1,253 @@
+"""Corpus tagging (ner/corpus.py): chunks in input order, resume, refusal, 1 process = 2 gloo processes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import PEOPLE, PLACES, python_module, run_cli
+
+from ner.predict import main
+
+TEXTS = [f"{PEOPLE[i % len(PEOPLE)]} flew to {PLACES[i % len(PLACES)]} on day {i} ." for i in range(11)]
+FAST = ["--mixed-precision", "no", "--quiet", "--batch-size", "3"]
+
+
+def tag(model: Path, out: Path, *inputs: object, extra: tuple[str, ...] = ()) -> int:
+    return main([str(model), *map(str, inputs), "--output-dir", str(out), *FAST, *extra])
+
+
+def lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def folder_bytes(out: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.name != "manifest.json"}
+
+
+@pytest.fixture
+def corpus(tmp_path) -> dict[str, Path]:
+    """11 texts in two files (7 + 4, one empty line): chunks of 4 cut across the files."""
+    first, second = tmp_path / "in" / "a.txt", tmp_path / "in" / "b.txt"
+    first.parent.mkdir()
+    first.write_text("\n".join(TEXTS[:6]) + "\n\n", encoding="utf-8")
+    second.write_text("\n".join(TEXTS[6:10]), encoding="utf-8")  # no final newline
+    return {"first": first, "second": second}
+
+
+def test_chunks_hold_every_text_once_in_input_order(random_model, corpus, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert tag(random_model, out, corpus["first"], corpus["second"], extra=("--chunk-texts", "4", "--merge")) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "part-00000.jsonl", "part-00001.jsonl",
+                                                      "part-00002.jsonl", "predictions.jsonl"]
+    assert [len(lines(out / f"part-0000{k}.jsonl")) for k in range(3)] == [4, 4, 3]
+    merged = lines(out / "predictions.jsonl")
+    assert [r["_source"] for r in merged] == ([f"{corpus['first']}:{i}" for i in range(1, 8)]
+                                               + [f"{corpus['second']}:{i}" for i in range(1, 5)])
+    assert (out / "predictions.jsonl").read_bytes() == b"".join((out / f"part-0000{k}.jsonl").read_bytes()
+                                                                 for k in range(3))
+    # the same entities as the stdout mode gives for the whole input at once
+    capsys.readouterr()
+    main([str(random_model), str(corpus["first"]), *FAST])
+    main([str(random_model), str(corpus["second"]), *FAST])
+    alone = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["entities"] for r in merged] == [r["entities"] for r in alone]
+    assert merged[6]["entities"] == []  # the empty line is a text too
+
+
+def test_glob_and_folder_inputs_read_sorted_files_and_skip_hidden_ones(random_model, tmp_path):
+    folder = tmp_path / "docs"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "sub" / "b.txt").write_text(TEXTS[1] + "\n", encoding="utf-8")
+    (folder / "a.txt").write_text(TEXTS[0] + "\n", encoding="utf-8")
+    (folder / ".hidden.txt").write_text("not read\n", encoding="utf-8")
+    assert tag(random_model, tmp_path / "by_folder", folder, extra=("--merge",)) == 0
+    assert tag(random_model, tmp_path / "by_glob", f"{folder}/**/*.txt", extra=("--merge",)) == 0
+    expected = [f"{folder / 'a.txt'}:1", f"{folder / 'sub' / 'b.txt'}:1"]
+    assert [r["_source"] for r in lines(tmp_path / "by_folder" / "predictions.jsonl")] == expected
+    assert [r["_source"] for r in lines(tmp_path / "by_glob" / "predictions.jsonl")] == expected
+
+
+def test_jsonl_records_keep_their_other_fields(random_model, tmp_path):
+    source = tmp_path / "docs.jsonl"
+    records = [{"id": f"doc-{i}", "text": text, "meta": {"page": i}, "entities": [[0, 3, "PER"]]}
+               for i, text in enumerate(TEXTS[:5])]
+    source.write_text("\n".join(json.dumps(r) for r in records[:2]) + "\n\n"
+                      + "\n".join(json.dumps(r) for r in records[2:]) + "\n", encoding="utf-8")
+    assert tag(random_model, tmp_path / "json", source, extra=("--jsonl", "--chunk-texts", "2", "--merge")) == 0
+    assert tag(random_model, tmp_path / "spans", source,
+               extra=("--jsonl", "--format", "spans", "--chunk-texts", "2", "--merge")) == 0
+    as_json = lines(tmp_path / "json" / "predictions.jsonl")
+    as_spans = lines(tmp_path / "spans" / "predictions.jsonl")
+    assert [r["_source"] for r in as_json] == [f"{source}:{n}" for n in (1, 2, 4, 5, 6)]  # blank line 3 skipped
+    for record, out_json, out_spans in zip(records, as_json, as_spans):
+        assert (out_json["id"], out_json["text"], out_json["meta"]) == (record["id"], record["text"], record["meta"])
+        assert (out_spans["id"], out_spans["meta"]) == (record["id"], record["meta"])
+        assert out_spans["entities"] == [[e["start"], e["end"], e["type"]] for e in out_json["entities"]]
+
+
+def test_a_bad_line_names_its_file_and_line_and_writes_nothing_for_its_chunk(random_model, tmp_path, capsys):
+    source = tmp_path / "docs.jsonl"
+    rows = [json.dumps({"text": text}) for text in TEXTS[:9]]
+    rows[5] = '{"text": "cut off'
+    source.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    out = tmp_path / "out"
+    assert tag(random_model, out, source, extra=("--jsonl", "--chunk-texts", "3")) == 2
+    assert f"{source}:6: not valid JSON" in capsys.readouterr().err
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "part-00000.jsonl"]
+
+
+def test_parquet_and_datasets_rows_carry_their_row(random_model, tmp_path):
+    import datasets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"body": TEXTS[:3], "n": [1, 2, 3]}), tmp_path / "t.parquet")
+    datasets.Dataset.from_dict({"body": TEXTS[3:5]}).save_to_disk(str(tmp_path / "ds"))
+    out = tmp_path / "out"
+    assert tag(random_model, out, tmp_path / "t.parquet", tmp_path / "ds",
+               extra=("--text-column", "body", "--merge")) == 0
+    assert [r["_source"] for r in lines(out / "predictions.jsonl")] == [
+        f"{tmp_path / 't.parquet'}#{i}" for i in range(3)] + [f"{tmp_path / 'ds'}#{i}" for i in range(2)]
+
+
+def test_rerun_after_a_kill_between_chunks_rewrites_only_the_missing_part(random_model, corpus, tmp_path):
+    out = tmp_path / "out"
+    args = (corpus["first"], corpus["second"])
+    assert tag(random_model, out, *args, extra=("--chunk-texts", "4", "--merge")) == 0
+    reference = folder_bytes(out)
+    kept = {name: (out / name).stat().st_mtime_ns for name in ("part-00000.jsonl", "part-00002.jsonl")}
+    (out / "part-00001.jsonl").unlink()
+    (out / "predictions.jsonl").unlink()
+    assert tag(random_model, out, *args, extra=("--chunk-texts", "4", "--merge")) == 0
+    assert folder_bytes(out) == reference
+    assert {name: (out / name).stat().st_mtime_ns for name in kept} == kept  # skipped, not rewritten
+
+
+@pytest.mark.slow
+def test_kill_inside_a_chunk_then_resume_is_byte_identical(random_model, corpus, tmp_path):
+    command = python_module("ner.predict", str(random_model), str(corpus["first"]), str(corpus["second"]),
+                            "--output-dir", str(tmp_path / "out"), "--chunk-texts", "4", "--merge", *FAST)
+    killed = run_cli(command, env={"NER_FAULT_INJECT": "kill:1"})
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    out = tmp_path / "out"
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "part-00000.jsonl"]
+    stale = out / ".part-00001.jsonl.tmp-0123abcd.jsonl"  # what a kill during the write would leave
+    stale.write_text('{"_source": "half', encoding="utf-8")
+    (out / "notes.txt").write_text("the user's", encoding="utf-8")
+    finished = (out / "part-00000.jsonl").stat().st_mtime_ns
+    assert main(command[3:]) == 0  # the same arguments, in this process
+    assert (out / "part-00000.jsonl").stat().st_mtime_ns == finished  # skipped
+    assert not stale.exists()
+    assert (out / "notes.txt").read_text(encoding="utf-8") == "the user's"
+    assert tag(random_model, tmp_path / "ref", corpus["first"], corpus["second"],
+               extra=("--chunk-texts", "4", "--merge")) == 0
+    assert folder_bytes(tmp_path / "ref") == {k: v for k, v in folder_bytes(out).items() if k != "notes.txt"}
+
+
+def test_a_changed_input_or_setting_is_refused_with_the_difference_named(random_model, corpus, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert tag(random_model, out, corpus["first"], extra=("--chunk-texts", "4")) == 0
+    before = folder_bytes(out)
+    assert tag(random_model, out, corpus["first"], extra=("--chunk-texts", "5")) == 2
+    assert "--chunk-texts: 4 before, 5 now" in capsys.readouterr().err
+    with open(corpus["first"], "a", encoding="utf-8") as handle:
+        handle.write("one more text\n")
+    assert tag(random_model, out, corpus["first"], extra=("--chunk-texts", "4")) == 2
+    assert f"input {corpus['first'].resolve()} changed" in capsys.readouterr().err
+    assert folder_bytes(out) == before
+    assert tag(random_model, out, corpus["first"], extra=("--chunk-texts", "4", "--overwrite")) == 0
+    assert len(lines(out / "part-00001.jsonl")) == 4  # 8 texts now
+
+
+def test_a_folder_that_is_not_ours_is_refused_and_overwrite_removes_only_ours(random_model, corpus, tmp_path,
+                                                                               capsys):
+    foreign = tmp_path / "theirs"
+    foreign.mkdir()
+    (foreign / "results.jsonl").write_text("keep me\n", encoding="utf-8")
+    assert tag(random_model, foreign, corpus["first"], extra=("--overwrite",)) == 2
+    assert f"{foreign / 'results.jsonl'}: --output-dir {foreign} is not empty" in capsys.readouterr().err
+    assert [p.name for p in foreign.iterdir()] == ["results.jsonl"]
+
+    out = tmp_path / "out"
+    assert tag(random_model, out, corpus["first"], extra=("--chunk-texts", "2", "--merge")) == 0
+    (out / "part-00009.txt").write_text("the user's\n", encoding="utf-8")
+    assert tag(random_model, out, corpus["second"], extra=("--chunk-texts", "4", "--overwrite")) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "part-00000.jsonl", "part-00009.txt"]
+
+
+def test_progress_counts_texts_over_the_total(random_model, corpus, tmp_path, capsys):
+    main([str(random_model), str(corpus["first"]), "--output-dir", str(tmp_path / "out"), "--chunk-texts", "4",
+          "--mixed-precision", "no"])
+    err = capsys.readouterr().err
+    assert "corpus: 7 texts in 2 chunks of 4, 0 done already; 1 process(es)" in err
+    assert "corpus: 4/7 texts (57.1%)" in err and "corpus: 7/7 texts (100.0%)" in err
+    assert "texts/s over 1 process, ETA" in err
+
+
+def torchrun(*args: str, max_restarts: int = 0) -> list[str]:
+    return python_module("torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                         f"--max-restarts={max_restarts}", "-m", "ner.predict", *args)
+
+
+@pytest.mark.slow
+def test_two_gloo_processes_write_the_same_bytes_as_one(random_model, corpus, tmp_path):
+    args = [str(random_model), str(corpus["first"]), str(corpus["second"]), "--chunk-texts", "3", "--merge", *FAST]
+    one = run_cli(python_module("ner.predict", *args, "--output-dir", str(tmp_path / "one")))
+    assert one.returncode == 0, one.stderr[-2000:]
+    two = run_cli(torchrun(*args, "--output-dir", str(tmp_path / "two")))
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert len(folder_bytes(tmp_path / "one")) == 5  # 4 parts, dealt 0,2 / 1,3, and the merged file
+    assert folder_bytes(tmp_path / "two") == folder_bytes(tmp_path / "one")
+
+
+@pytest.mark.slow
+def test_torchrun_restarts_a_killed_process_and_the_run_completes(random_model, corpus, tmp_path):
+    args = [str(random_model), str(corpus["first"]), str(corpus["second"]), "--chunk-texts", "2", "--merge", *FAST]
+    one = run_cli(python_module("ner.predict", *args, "--output-dir", str(tmp_path / "one")))
+    assert one.returncode == 0, one.stderr[-2000:]
+    job = run_cli(torchrun(*args, "--output-dir", str(tmp_path / "two"), max_restarts=1),
+                  env={"NER_FAULT_INJECT": "kill:3:1"})
+    assert job.returncode == 0, job.stderr[-3000:]
+    assert "NER_FAULT_INJECT: kill at step 3 on rank 1" in job.stderr
+    assert folder_bytes(tmp_path / "two") == folder_bytes(tmp_path / "one")
+
+
+def test_without_output_dir_several_inputs_are_refused(random_model, corpus, capsys):
+    assert main([str(random_model), str(corpus["first"]), str(corpus["second"])]) == 2
+    assert "several INPUTs need --output-dir" in capsys.readouterr().err
+
+
+def test_the_manifest_records_model_settings_and_input(random_model, corpus, tmp_path):
+    out = tmp_path / "out"
+    assert tag(random_model, out, corpus["first"]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert "model.safetensors" in manifest["model"]["sha256"]
+    assert manifest["settings"]["chunk_texts"] == 4096 and manifest["texts"] == 7
+    assert manifest["inputs"][0]["files"][0]["size"] == corpus["first"].stat().st_size
+    shutil.rmtree(out)
+
+
+@pytest.mark.slow
+def test_ray_data_map_batches_gives_the_single_process_entities(random_model, corpus, tmp_path):
+    """Ray started for real on this machine (a one-node cluster on loopback), CPU only."""
+    ray = pytest.importorskip("ray")
+    from ner.corpus import RayTagger
+
+    out = tmp_path / "out"
+    assert tag(random_model, out, corpus["first"], corpus["second"], extra=("--chunk-texts", "4", "--merge")) == 0
+    expected = [json.dumps(r["entities"], ensure_ascii=False) for r in lines(out / "predictions.jsonl")]
+    texts = TEXTS[:6] + [""] + TEXTS[6:10]
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        ray.data.DataContext.get_current().execution_options.preserve_order = True
+        dataset = ray.data.from_items([{"text": text, "n": i} for i, text in enumerate(texts)])
+        tagged = dataset.map_batches(RayTagger, batch_size=4, concurrency=1, fn_constructor_kwargs={
+            "model_dir": str(random_model), "precision": "no", "batch_size": 3})
+        rows = tagged.take_all()
+    finally:
+        ray.shutdown()
+    assert [row["n"] for row in rows] == list(range(len(texts)))  # the other columns come through
+    assert [row["entities"] for row in rows] == expected

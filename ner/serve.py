@@ -13,15 +13,24 @@ to --max-batch-texts texts and --max-batch-words words); each text is still tagg
 does not depend on what shared its batch. Bad requests get {"error": "..."}: 422 (not JSON, wrong shape
 or type), 413 (body over --max-request-bytes, or more than --max-texts texts). SIGTERM or Ctrl-C stops
 taking new connections, answers the requests in flight, then exits. GET /health: the model, its labels and
-types, and "in_flight" (requests received, not yet answered). GET /openapi.json documents the bodies.
+types, "in_flight" (requests received, not yet answered) and the answering "pid". GET /openapi.json documents
+the bodies (ner/serve_api.py). GET /metrics: Prometheus text format; every answer carries an X-Request-ID and
+gets one "ner.access" log line (ner/serve_metrics.py). --api-key (or NER_API_KEY): POST /predict needs
+`Authorization: Bearer KEY`. --cors-origin: pages served elsewhere may call the API. --workers N: N processes
+on one port, each with its own model and batcher.
+
+    NER_API_KEY=s3cret python -m ner.serve runs/ner/final --workers 2 --cors-origin https://app.example.com
+    curl -s localhost:8000/metrics | grep '^ner_requests_total'
 """
 
 
 import argparse
 import asyncio
 import logging
+import os
 import socket
 import sys
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -34,6 +43,9 @@ from ner.text import split_words
 
 log = logging.getLogger("ner.serve")
 MIB = 1024 * 1024
+API_KEY_ENV = "NER_API_KEY"
+ARGV_ENV = "NER_SERVE_ARGV"  # main's command line, for each --workers process (app_factory)
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus-client's multiprocess mode (ner/serve_metrics.py)
 
 
 @dataclass
@@ -57,9 +69,11 @@ class MicroBatcher:
 
     The model runs in one worker thread, so the event loop keeps accepting requests meanwhile."""
 
-    def __init__(self, predict, limits: Limits) -> None:
+    def __init__(self, predict, limits: Limits, events=None) -> None:
         self.predict = predict
         self.limits = limits
+        self.events = events  # ner.serve_metrics.ServeMetrics: told of each batch
+        self.waiting_texts = 0
         self.queue: asyncio.Queue[_Pending] = asyncio.Queue()
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ner-model")
         self.task: asyncio.Task | None = None
@@ -69,8 +83,12 @@ class MicroBatcher:
     async def submit(self, texts: list[str]) -> list[dict]:
         words = sum(len(split_words(t)) for t in texts)
         pending = _Pending(texts, words, asyncio.get_running_loop().create_future())
+        self.waiting_texts += len(texts)
         await self.queue.put(pending)
         return await pending.future
+
+    def queued_texts(self) -> int:
+        return self.waiting_texts
 
     def start(self) -> None:
         self.task = asyncio.create_task(self._run())
@@ -119,8 +137,12 @@ class MicroBatcher:
         while not self.closed:
             batch = await self._gather()
             all_texts = [t for item in batch for t in item.texts]
+            self.waiting_texts -= len(all_texts)
+            started = loop.time()
             try:
                 results = await loop.run_in_executor(self.executor, self.predict, all_texts)
+                if self.events is not None:
+                    self.events.batch(len(all_texts), sum(item.words for item in batch), loop.time() - started)
             except Exception as exc:  # one failed batch answers its requests with 500, the server goes on
                 log.exception("prediction failed")
                 for item in batch:
@@ -187,58 +209,24 @@ def health_info(tagger, model_dir: Path) -> dict:
     args_file = model_dir / "training_args.json"
     base = json.loads(args_file.read_text(encoding="utf-8")).get("model") if args_file.is_file() else None
     return {"status": "ok", "model": str(model_dir), "base_model": base, "labels": labels,
-            "types": entity_types(labels)}
+            "types": entity_types(labels), "pid": os.getpid()}
 
 
-def predict_openapi() -> dict:
-    """What /openapi.json says of POST /predict: the body shapes parse_texts accepts, the answers, the errors.
-
-    Documentation only: a pydantic body parameter would have FastAPI read the whole body before the
-    --max-request-bytes cap (read_body refuses while streaming) and answer with its own 422 messages,
-    and a response_model would re-serialise the answers; so the body is parsed by hand as before."""
-    from pydantic import BaseModel, ConfigDict, Field
-
-    class OneText(BaseModel):
-        model_config = ConfigDict(extra="forbid", title="OneText")
-        text: str = Field(description="raw text; answered with {\"entities\": [...]}")
-
-    class ManyTexts(BaseModel):
-        model_config = ConfigDict(extra="forbid", title="ManyTexts")
-        texts: list[str] = Field(description="raw texts (at most --max-texts); answered with {\"results\": [...]}")
-
-    class Entity(BaseModel):
-        text: str = Field(description="the entity as it appears: the request's text[start:end]")
-        type: str = Field(description="entity type, e.g. PER (GET /health lists them)")
-        start: int = Field(description="first character, counted in code points")
-        end: int = Field(description="one past the last character")
-        score: float = Field(description="mean probability of the entity's word tags")
-
-    class Entities(BaseModel):
-        entities: list[Entity]
-
-    class Results(BaseModel):
-        results: list[Entities] = Field(description="one per text, in order")
-
-    class Error(BaseModel):
-        error: str
-
-    body = {"oneOf": [OneText.model_json_schema(), ManyTexts.model_json_schema()]}
-    errors = {413: "body over --max-request-bytes, or more than --max-texts texts",
-              422: "not JSON, or not exactly one of \"text\" (a string) and \"texts\" (strings)",
-              500: "the batch failed (the server log says why); the server goes on"}
-    return {"openapi_extra": {"requestBody": {"required": True, "content": {"application/json": {"schema": body}}}},
-            "responses": {200: {"model": Entities | Results, "description": "entities with character offsets"},
-                          **{status: {"model": Error, "description": why} for status, why in errors.items()}}}
-
-
-def create_app(tagger, model_dir: Path, limits: Limits = Limits()):
-    """The FastAPI app: GET / (the page), GET /health, POST /predict, GET /openapi.json; errors are {"error": ...}."""
-    from fastapi import FastAPI, Request
+def create_app(tagger, model_dir: Path, limits: Limits = Limits(), *, api_key: str | None = None,
+               cors_origins: Sequence[str] = ()):
+    """The FastAPI app: GET / (the page), GET /health, POST /predict, GET /metrics, GET /openapi.json; errors
+    are {"error": ...}. With `api_key`, POST /predict needs `Authorization: Bearer <api_key>`."""
+    from fastapi import Depends, FastAPI, Request
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import HTMLResponse, JSONResponse
     from starlette.exceptions import HTTPException
 
-    batcher = MicroBatcher(tagger.predict, limits)
+    from ner.serve_api import bearer_key_check, health_openapi, predict_openapi
+    from ner.serve_metrics import ServeMetrics
+
+    metrics = ServeMetrics()
+    batcher = MicroBatcher(tagger.predict, limits, events=metrics)
+    metrics.queued_texts = batcher.queued_texts
 
     @asynccontextmanager
     async def lifespan(app):
@@ -266,13 +254,14 @@ def create_app(tagger, model_dir: Path, limits: Limits = Limits()):
     async def index() -> str:
         return page
 
-    @app.get("/health")
+    @app.get("/health", **health_openapi())
     async def health() -> dict:
         return {**info, "in_flight": in_flight[0]}
 
     in_flight = [0]  # /predict requests received and not yet answered: what a drain waits for
 
-    @app.post("/predict", **predict_openapi())
+    @app.post("/predict", **predict_openapi(limits.max_texts, api_key is not None),
+              dependencies=[Depends(bearer_key_check(api_key))] if api_key is not None else [])
     async def predict(request: Request):
         in_flight[0] += 1
         try:
@@ -282,14 +271,36 @@ def create_app(tagger, model_dir: Path, limits: Limits = Limits()):
 
     async def answer(request):
         texts, single = parse_texts(await read_body(request, limits.max_request_bytes), limits.max_texts)
+        request.state.texts = len(texts)  # for the access log
         try:
             results = await batcher.submit(texts) if texts else []
         except Exception:
             return JSONResponse({"error": "prediction failed (see the server log)"}, status_code=500)
         return results[0] if single else {"results": results}
 
+    add_operations(app, metrics, cors_origins)
     app.state.batcher = batcher
     return app
+
+
+def add_operations(app, metrics, cors_origins: Sequence[str]) -> None:
+    """GET /metrics (open even with an API key: counts and timings, never text), CORS for pages served from
+    `cors_origins`, and outermost the request log (ids, access log, request metrics)."""
+    from fastapi import Response
+    from starlette.middleware.cors import CORSMiddleware
+
+    from ner.serve_api import metrics_openapi
+    from ner.serve_metrics import CONTENT_TYPE, RequestLog
+
+    @app.get("/metrics", response_class=Response, **metrics_openapi())
+    async def scrape() -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
+
+    if cors_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type", "X-Request-ID"],
+                           expose_headers=["X-Request-ID", "Retry-After"], max_age=600)
+    app.add_middleware(RequestLog, metrics=metrics)  # added last: outermost
 
 
 def check_port_free(host: str, port: int) -> None:
@@ -320,7 +331,48 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-batch-words", type=int, default=defaults.max_batch_words,
                         help=f"words per batch; a larger request runs alone (default: {defaults.max_batch_words})")
     add_model_arguments(parser)
+    add_operation_arguments(parser)
     return parser
+
+
+def add_operation_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
+                        help=f"POST /predict then needs 'Authorization: Bearer KEY'; GET /, /health, /ready and "
+                             f"/metrics stay open (default: ${API_KEY_ENV}, else none; the variable keeps the key "
+                             f"out of `ps`)")
+    parser.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
+                        help="let pages from ORIGIN (e.g. https://app.example.com) call the API; repeatable")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="processes serving the one port, each with its own model and batcher (default: 1); "
+                             "each gets cores/N threads unless OMP_NUM_THREADS is set")
+
+
+def app_from_args(args: argparse.Namespace):
+    """The model and the app the command line asks for."""
+    from ner.infer import Tagger
+
+    tagger = Tagger.from_args(args)
+    limits = Limits(args.max_request_bytes, args.max_texts, args.max_wait_ms, args.max_batch_texts,
+                    args.max_batch_words)
+    return create_app(tagger, args.model_dir, limits, api_key=args.api_key or None, cors_origins=args.cors_origin)
+
+
+def configure_logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
+
+
+def app_factory():
+    """What each of uvicorn's --workers processes calls: its own model, batcher and app, from the command line
+    main() left in NER_SERVE_ARGV. A user error stops every worker (uvicorn's startup-failure status) rather
+    than having uvicorn restart a worker that fails the same way each time."""
+    import json
+
+    configure_logging()
+    try:
+        return app_from_args(build_parser().parse_args(json.loads(os.environ[ARGV_ENV])))
+    except UserError as exc:
+        log.error("error: %s", exc)
+        sys.exit(3)
 
 
 @cli
@@ -329,19 +381,55 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 <= args.port <= 65535:
         raise UserError(f"--port {args.port}: expected 0-65535")
     try:
+        import prometheus_client  # noqa: F401
         import uvicorn
     except ImportError:
-        raise UserError('the server needs FastAPI and uvicorn: pip install -e ".[serve]"') from None
-    from ner.infer import Tagger
-
+        raise UserError('the server needs FastAPI, uvicorn and prometheus-client: pip install -e ".[serve]"') from None
+    if args.workers < 1:
+        raise UserError(f"--workers {args.workers}: expected 1 or more")
     check_port_free(args.host, args.port)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
-    tagger = Tagger.from_args(args)
-    limits = Limits(args.max_request_bytes, args.max_texts, args.max_wait_ms, args.max_batch_texts,
-                    args.max_batch_words)
-    app = create_app(tagger, args.model_dir, limits)
+    configure_logging()
+    if args.workers > 1:
+        return run_workers(args, sys.argv[1:] if argv is None else argv)
+    app = app_from_args(args)
     log.info("serving %s on http://%s:%d/", args.model_dir, args.host, args.port)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
+def run_workers(args: argparse.Namespace, argv: list[str]) -> int:
+    """N uvicorn worker processes on one socket. Each runs its model on cores/N threads (OMP_NUM_THREADS, read
+    by torch and by the ONNX runtimes): N processes each taking every core would fight over them. The
+    workers' metrics meet in a PROMETHEUS_MULTIPROC_DIR made here and removed on exit (one given is kept)."""
+    import json
+    import shutil
+    import tempfile
+
+    import uvicorn
+
+    if not (args.model_dir / "config.json").is_file():  # before N workers each fail on it
+        raise UserError(f"{args.model_dir}: not a model folder (no config.json); pass OUTPUT_DIR/final")
+    made_dir = None if MULTIPROC_ENV in os.environ else tempfile.mkdtemp(prefix="ner-serve-metrics-")
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    env = {ARGV_ENV: json.dumps(argv), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS",
+                                                                        str(max(1, cores // args.workers)))}
+    if made_dir is not None:
+        env[MULTIPROC_ENV] = made_dir
+    saved = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)  # the workers are spawned: they start from this environment
+    try:
+        log.info("serving %s on http://%s:%d/ with %d workers, %s threads each", args.model_dir, args.host,
+                 args.port, args.workers, env["OMP_NUM_THREADS"])
+        uvicorn.run("ner.serve:app_factory", factory=True, workers=args.workers, host=args.host, port=args.port,
+                    log_level="warning")
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                del os.environ[name]
+            else:
+                os.environ[name] = value
+        if made_dir is not None:
+            shutil.rmtree(made_dir, ignore_errors=True)
     return 0
 
 

@@ -102,19 +102,22 @@ def test_queue_depth_is_the_texts_waiting(random_model):
     with TestClient(create_app(gate, random_model, Limits(max_wait_ms=1, max_batch_texts=1))) as test_client:
         senders = [threading.Thread(target=test_client.post, args=("/predict",), kwargs={"json": {"texts": texts}})
                    for texts in (["a"], ["b", "c"], ["d", "e"])]
-        senders[0].start()  # its batch holds the model
-        deadline = time.monotonic() + 30
-        while test_client.get("/health").json()["in_flight"] < 1:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
-        for sender in senders[1:]:
-            sender.start()
-        while scrape(test_client)[("ner_queue_texts", ())] != 4:  # 2 requests of 2 texts wait behind the first
-            assert time.monotonic() < deadline, "the queue never held the 4 waiting texts"
-            time.sleep(0.01)
-        gate.release.set()
-        for sender in senders:
-            sender.join(30)
+        try:
+            senders[0].start()  # its batch holds the model
+            deadline = time.monotonic() + 30
+            while test_client.get("/health").json()["in_flight"] < 1:
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            for sender in senders[1:]:
+                sender.start()
+            while scrape(test_client)[("ner_queue_texts", ())] != 4:  # 2 requests of 2 texts wait behind it
+                assert time.monotonic() < deadline, "the queue never held the 4 waiting texts"
+                time.sleep(0.01)
+        finally:  # answered before the app stops, even when the test fails
+            gate.release.set()
+            for sender in senders:
+                if sender.is_alive():
+                    sender.join(30)
         assert scrape(test_client)[("ner_queue_texts", ())] == 0
 
 

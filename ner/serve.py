@@ -45,7 +45,6 @@ log = logging.getLogger("ner.serve")
 MIB = 1024 * 1024
 API_KEY_ENV = "NER_API_KEY"
 ARGV_ENV = "NER_SERVE_ARGV"  # main's command line, for each --workers process (app_factory)
-MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus-client's multiprocess mode (ner/serve_metrics.py)
 
 
 @dataclass
@@ -406,6 +405,8 @@ def run_workers(args: argparse.Namespace, argv: list[str]) -> int:
     import tempfile
 
     import uvicorn
+
+    from ner.serve_metrics import MULTIPROC_ENV
 
     if not (args.model_dir / "config.json").is_file():  # before N workers each fail on it
         raise UserError(f"{args.model_dir}: not a model folder (no config.json); pass OUTPUT_DIR/final")

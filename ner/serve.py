@@ -17,18 +17,25 @@ Under load and faults (docs/serving.md): 503 + Retry-After when --max-queue text
 503, what fits in --shutdown-timeout is answered, the rest gets 503, and the process exits in time.
 GET /health (liveness): the model, its labels and types, "in_flight", "queued_texts"; 503 once the
 batcher has died (the process then exits 1). GET /ready (readiness): 200 once warmed up, else 503.
-GET /openapi.json documents the bodies.
+GET /openapi.json documents the bodies (ner/serve_api.py). GET /metrics: Prometheus text format; every answer
+carries an X-Request-ID and gets one "ner.access" log line (ner/serve_metrics.py). --api-key (or NER_API_KEY):
+POST /predict needs `Authorization: Bearer KEY`. --cors-origin: pages served elsewhere may call the API.
+--workers N: N processes on one port, each with its own model and batcher.
+
+    NER_API_KEY=s3cret python -m ner.serve runs/ner/final --workers 2 --cors-origin https://app.example.com
+    curl -s localhost:8000/metrics | grep '^ner_requests_total'
 """
 
 
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import socket
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from importlib import resources
@@ -41,6 +48,8 @@ from ner.errors import UserError, cli
 log = logging.getLogger("ner.serve")
 MIB = 1024 * 1024
 WARM_UP_TEXT = "Ada Lovelace met Charles Babbage in London."
+API_KEY_ENV = "NER_API_KEY"
+ARGV_ENV = "NER_SERVE_ARGV"  # main's command line, for each --workers process (app_factory)
 
 
 @dataclass
@@ -201,58 +210,24 @@ def health_info(tagger, model_dir: Path) -> dict:
     args_file = model_dir / "training_args.json"
     base = json.loads(args_file.read_text(encoding="utf-8")).get("model") if args_file.is_file() else None
     return {"status": "ok", "model": str(model_dir), "base_model": base, "labels": labels,
-            "types": entity_types(labels)}
-
-
-def predict_openapi() -> dict:
-    """What /openapi.json says of POST /predict: the body shapes parse_texts accepts, the answers, the errors.
-
-    Documentation only: a pydantic body parameter would have FastAPI read the whole body before the
-    --max-request-bytes cap (read_body refuses while streaming) and answer with its own 422 messages,
-    and a response_model would re-serialise the answers; so the body is parsed by hand as before."""
-    from pydantic import BaseModel, ConfigDict, Field
-
-    class OneText(BaseModel):
-        model_config = ConfigDict(extra="forbid", title="OneText")
-        text: str = Field(description="raw text; answered with {\"entities\": [...]}")
-
-    class ManyTexts(BaseModel):
-        model_config = ConfigDict(extra="forbid", title="ManyTexts")
-        texts: list[str] = Field(description="raw texts (at most --max-texts); answered with {\"results\": [...]}")
-
-    class Entity(BaseModel):
-        text: str = Field(description="the entity as it appears: the request's text[start:end]")
-        type: str = Field(description="entity type, e.g. PER (GET /health lists them)")
-        start: int = Field(description="first character, counted in code points")
-        end: int = Field(description="one past the last character")
-        score: float = Field(description="mean probability of the entity's word tags")
-
-    class Entities(BaseModel):
-        entities: list[Entity]
-
-    class Results(BaseModel):
-        results: list[Entities] = Field(description="one per text, in order")
-
-    class Error(BaseModel):
-        error: str
-
-    body = {"oneOf": [OneText.model_json_schema(), ManyTexts.model_json_schema()]}
-    errors = {413: "body over --max-request-bytes, or more than --max-texts texts",
-              422: "not JSON, or not exactly one of \"text\" (a string) and \"texts\" (strings)",
-              500: "the batch failed (the server log says why); the server goes on"}
-    return {"openapi_extra": {"requestBody": {"required": True, "content": {"application/json": {"schema": body}}}},
-            "responses": {200: {"model": Entities | Results, "description": "entities with character offsets"},
-                          **{status: {"model": Error, "description": why} for status, why in errors.items()}}}
+            "types": entity_types(labels), "pid": os.getpid()}
 
 
 def create_app(tagger, model_dir: Path, limits: Limits = Limits(), options: ServeOptions = ServeOptions(),
-               events: BatcherEvents | None = None):
-    """The FastAPI app: GET / (the page), GET /health, GET /ready, POST /predict, GET /openapi.json; errors are
-    {"error": ...}. app.state.batcher and app.state.lifecycle are its batcher and its readiness."""
-    from fastapi import FastAPI, Request
+               events: BatcherEvents | None = None, *, api_key: str | None = None, cors_origins: Sequence[str] = ()):
+    """The FastAPI app: GET / (the page), GET /health, GET /ready, POST /predict, GET /metrics, GET /openapi.json;
+    errors are {"error": ...}. app.state.batcher and app.state.lifecycle are its batcher and its readiness. With
+    `api_key`, POST /predict needs `Authorization: Bearer <api_key>`. `events`: the batcher's listener (default:
+    the app's Prometheus metrics)."""
+    from fastapi import Depends, FastAPI, Request
     from fastapi.responses import HTMLResponse, JSONResponse
 
-    batcher = MicroBatcher(tagger.predict, limits, events)
+    from ner.serve_api import bearer_key_check, health_openapi, predict_openapi, ready_openapi
+    from ner.serve_metrics import ServeMetrics
+
+    metrics = ServeMetrics()
+    batcher = MicroBatcher(tagger.predict, limits, events or metrics)
+    metrics.queued_texts = batcher.queued_texts
     lifecycle = Lifecycle(batcher, options)
 
     @asynccontextmanager
@@ -274,7 +249,7 @@ def create_app(tagger, model_dir: Path, limits: Limits = Limits(), options: Serv
     async def index() -> str:
         return page
 
-    @app.get("/health")
+    @app.get("/health", **health_openapi())
     async def health():
         """Liveness: 200 while the process can serve (also while starting and draining); 503 once it cannot."""
         state = {**info, "in_flight": in_flight[0], "queued_texts": batcher.queued_texts(),
@@ -283,7 +258,7 @@ def create_app(tagger, model_dir: Path, limits: Limits = Limits(), options: Serv
             return JSONResponse({**state, "status": "failed", "error": lifecycle.failure}, status_code=503)
         return state
 
-    @app.get("/ready")
+    @app.get("/ready", **ready_openapi())
     async def ready():
         """Readiness: 200 once the warm-up pass has run, 503 while starting, draining or failed."""
         status, body = lifecycle.readiness()
@@ -291,7 +266,8 @@ def create_app(tagger, model_dir: Path, limits: Limits = Limits(), options: Serv
 
     in_flight = [0]  # /predict requests received and not yet answered: what a drain waits for
 
-    @app.post("/predict", **predict_openapi())
+    @app.post("/predict", **predict_openapi(limits.max_texts, api_key is not None, limits.max_text_chars),
+              dependencies=[Depends(bearer_key_check(api_key))] if api_key is not None else [])
     async def predict(request: Request):
         in_flight[0] += 1
         try:
@@ -303,9 +279,11 @@ def create_app(tagger, model_dir: Path, limits: Limits = Limits(), options: Serv
         batcher.check_open()  # a full queue answers 503 before the body is read
         texts, single = parse_texts(await read_body(request, limits.max_request_bytes), limits.max_texts,
                                     limits.max_text_chars)
+        request.state.texts = len(texts)  # for the access log
         results = await batcher.submit(texts, request.is_disconnected) if texts else []
         return results[0] if single else {"results": results}
 
+    add_operations(app, metrics, cors_origins)
     app.state.batcher = batcher
     app.state.lifecycle = lifecycle
     from ner import label_studio  # Label Studio's ML backend protocol under /label-studio (docs/label_studio.md)
@@ -315,6 +293,26 @@ def create_app(tagger, model_dir: Path, limits: Limits = Limits(), options: Serv
     app.include_router(label_studio.router(backend), prefix=label_studio.PREFIX)
     app.state.label_studio = backend
     return app
+
+
+def add_operations(app, metrics, cors_origins: Sequence[str]) -> None:
+    """GET /metrics (open even with an API key: counts and timings, never text), CORS for pages served from
+    `cors_origins`, and outermost the request log (ids, access log, request metrics)."""
+    from fastapi import Response
+    from starlette.middleware.cors import CORSMiddleware
+
+    from ner.serve_api import metrics_openapi
+    from ner.serve_metrics import CONTENT_TYPE, RequestLog
+
+    @app.get("/metrics", response_class=Response, **metrics_openapi())
+    async def scrape() -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
+
+    if cors_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type", "X-Request-ID"],
+                           expose_headers=["X-Request-ID", "Retry-After"], max_age=600)
+    app.add_middleware(RequestLog, metrics=metrics)  # added last: outermost
 
 
 # what each batcher exception answers: status, and whether it says when to come back
@@ -390,7 +388,20 @@ def build_parser() -> argparse.ArgumentParser:
                         help="seconds from SIGTERM to exit: what fits is answered, the rest gets 503 "
                              f"(default: {options.shutdown_timeout_s:g})")
     add_model_arguments(parser)
+    add_operation_arguments(parser)
     return parser
+
+
+def add_operation_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
+                        help=f"POST /predict then needs 'Authorization: Bearer KEY'; GET /, /health, /ready and "
+                             f"/metrics stay open (default: ${API_KEY_ENV}, else none; the variable keeps the key "
+                             f"out of `ps`)")
+    parser.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
+                        help="let pages from ORIGIN (e.g. https://app.example.com) call the API; repeatable")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="processes serving the one port, each with its own model and batcher (default: 1); "
+                             "each gets cores/N threads unless OMP_NUM_THREADS is set")
 
 
 def limits_of(args) -> tuple[Limits, ServeOptions]:
@@ -410,6 +421,37 @@ def limits_of(args) -> tuple[Limits, ServeOptions]:
     return limits, ServeOptions(args.max_concurrency, args.shutdown_timeout)
 
 
+def app_from_args(args: argparse.Namespace):
+    """The model and the app the command line asks for."""
+    from ner.infer import Tagger
+
+    limits, options = limits_of(args)
+    tagger = Tagger.from_args(args)
+    return create_app(tagger, args.model_dir, limits, options, api_key=args.api_key or None,
+                      cors_origins=args.cors_origin)
+
+
+def configure_logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
+
+
+def app_factory():
+    """What each of uvicorn's --workers processes calls: its own model, batcher and app, from the command line
+    main() left in NER_SERVE_ARGV. A user error stops every worker (uvicorn's startup-failure status) rather
+    than having uvicorn restart a worker that fails the same way each time."""
+    import json
+
+    configure_logging()
+    try:
+        app = app_from_args(build_parser().parse_args(json.loads(os.environ[ARGV_ENV])))
+    except UserError as exc:
+        log.error("error: %s", exc)
+        sys.exit(3)
+    # a dead batcher ends this worker with status 1 (uvicorn's supervisor starts another): /health said 503
+    app.state.lifecycle.on_failure = lambda reason: app.state.lifecycle.loop.call_later(0.5, os._exit, 1)
+    return app
+
+
 def server_config(app, args, options: ServeOptions):
     import uvicorn
 
@@ -424,17 +466,19 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if not 0 <= args.port <= 65535:
         raise UserError(f"--port {args.port}: expected 0-65535")
-    limits, options = limits_of(args)
+    _, options = limits_of(args)  # checked before the model loads
     try:
+        import prometheus_client  # noqa: F401
         import uvicorn
     except ImportError:
-        raise UserError('the server needs FastAPI and uvicorn: pip install -e ".[serve]"') from None
-    from ner.infer import Tagger
-
+        raise UserError('the server needs FastAPI, uvicorn and prometheus-client: pip install -e ".[serve]"') from None
+    if args.workers < 1:
+        raise UserError(f"--workers {args.workers}: expected 1 or more")
     check_port_free(args.host, args.port)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
-    tagger = Tagger.from_args(args)
-    app = create_app(tagger, args.model_dir, limits, options)
+    configure_logging()
+    if args.workers > 1:
+        return run_workers(args, sys.argv[1:] if argv is None else argv, options)
+    app = app_from_args(args)
     server = uvicorn.Server(server_config(app, args, options))
 
     def stop(reason: str) -> None:  # a supervisor (systemd, Kubernetes) restarts a process that exits non-zero
@@ -446,6 +490,45 @@ def main(argv: list[str] | None = None) -> int:
     if app.state.lifecycle.failure is not None:
         log.error("exiting with status 1: %s", app.state.lifecycle.failure)
         return 1
+    return 0
+
+
+def run_workers(args: argparse.Namespace, argv: list[str], options: ServeOptions) -> int:
+    """N uvicorn worker processes on one socket. Each runs its model on cores/N threads (OMP_NUM_THREADS, read
+    by torch and by the ONNX runtimes): N processes each taking every core would fight over them. The
+    workers' metrics meet in a PROMETHEUS_MULTIPROC_DIR made here and removed on exit (one given is kept)."""
+    import json
+    import shutil
+    import tempfile
+
+    import uvicorn
+
+    from ner.serve_metrics import MULTIPROC_ENV
+
+    if not (args.model_dir / "config.json").is_file():  # before N workers each fail on it
+        raise UserError(f"{args.model_dir}: not a model folder (no config.json); pass OUTPUT_DIR/final")
+    made_dir = None if MULTIPROC_ENV in os.environ else tempfile.mkdtemp(prefix="ner-serve-metrics-")
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    env = {ARGV_ENV: json.dumps(argv), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS",
+                                                                        str(max(1, cores // args.workers)))}
+    if made_dir is not None:
+        env[MULTIPROC_ENV] = made_dir
+    saved = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)  # the workers are spawned: they start from this environment
+    try:
+        log.info("serving %s on http://%s:%d/ with %d workers, %s threads each", args.model_dir, args.host,
+                 args.port, args.workers, env["OMP_NUM_THREADS"])
+        uvicorn.run("ner.serve:app_factory", factory=True, workers=args.workers, host=args.host, port=args.port,
+                    log_level="warning", limit_concurrency=options.max_concurrency,
+                    timeout_graceful_shutdown=options.shutdown_timeout_s)
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                del os.environ[name]
+            else:
+                os.environ[name] = value
+        if made_dir is not None:
+            shutil.rmtree(made_dir, ignore_errors=True)
     return 0
 
 

@@ -136,7 +136,9 @@ def test_openapi_documents_the_predict_body_and_answers(client):
     shapes = {tuple(s["required"]): s for s in body["oneOf"]}
     assert shapes[("text",)]["properties"]["text"]["type"] == "string"
     assert shapes[("texts",)]["properties"]["texts"] == {**shapes[("texts",)]["properties"]["texts"],
-                                                         "type": "array", "items": {"type": "string"}}
+                                                         "type": "array",
+                                                         "items": {"type": "string", "maxLength": 60}}
+    assert shapes[("text",)]["properties"]["text"]["maxLength"] == 60  # the fixture's --max-text-chars
     assert all(s["additionalProperties"] is False for s in body["oneOf"])  # exactly one key
     answers = resolve(spec, post["responses"]["200"]["content"]["application/json"]["schema"])["anyOf"]
     one = next(a for a in answers if "entities" in a["properties"])

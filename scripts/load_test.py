@@ -195,8 +195,10 @@ class PeakRss:
 
     def mib(self) -> dict:
         to_mib = lambda b: round(b / 2**20)  # noqa: E731
+        quarters = [part for part in np.array_split(self.samples_b, 4) if len(part)]  # flat, or still growing?
         return {"rss_start_mib": to_mib(self.samples_b[0]), "rss_peak_mib": to_mib(max(self.samples_b)),
-                "rss_end_mib": to_mib(self.samples_b[-1])} if self.samples_b else {}
+                "rss_end_mib": to_mib(self.samples_b[-1]),
+                "rss_peak_by_quarter_mib": [to_mib(int(part.max())) for part in quarters]} if self.samples_b else {}
 
 
 def send_overload(url: str, payloads: list[list[list[str]]], max_seconds: float, honour_retry_after: bool) -> list:

@@ -253,13 +253,21 @@ def resolve_context(cfg: TrainConfig, train_has_documents: bool) -> TrainConfig:
     return dataclasses.replace(cfg, context=chosen, context_tokens=tokens)
 
 
+# Padded tokens per inference forward pass. Every pass of padded width W runs with exactly max_tokens // W rows
+# (encode.fixed_shape_plan: a text's answer never depends on its batch neighbours), so a short batch is filled
+# and a lone text costs the whole budget. 512 tagged corpora fastest and lone texts within 3x of one row, in
+# bf16 and fp32 on CPU, against 8,192 (a lone text 33x slower) and one row a pass (docs/performance.md).
+INFERENCE_TOKENS_PER_FORWARD = 512
+
+
 def inference_batch_limits(batch_size: int, max_tokens: int) -> tuple[int, int]:
-    """(windows, padded tokens) per inference batch: no activations are kept for a backward
-    pass, so twice the training micro-batch fits in the same memory."""
-    return batch_size * 2, max_tokens * 2
+    """(windows, padded tokens) per inference forward pass for a training run's evaluation: no activations
+    are kept for a backward pass, so twice the training micro-batch would fit; the token budget is capped at
+    INFERENCE_TOKENS_PER_FORWARD, the fixed-shape passes' measured best."""
+    return batch_size * 2, min(max_tokens * 2, INFERENCE_TOKENS_PER_FORWARD) if max_tokens > 0 else 0
 
 
-DEFAULT_MAX_SENTENCES, DEFAULT_MAX_TOKENS = inference_batch_limits(AUTO_SENTENCES_PER_BATCH, TrainConfig.max_tokens)
+DEFAULT_MAX_SENTENCES, DEFAULT_MAX_TOKENS = AUTO_SENTENCES_PER_BATCH * 2, INFERENCE_TOKENS_PER_FORWARD
 
 
 RUNTIMES = ("torch", "onnx", "onnx-int8")  # what computes the logits at inference (ner/runtime.py)
@@ -308,9 +316,10 @@ def add_inference_arguments(parser: argparse.ArgumentParser) -> None:
     """The model options plus batch limits, for the commands that tag files (ner.predict, ner.evaluate)."""
     add_model_arguments(parser)
     parser.add_argument("--batch-size", type=int, default=DEFAULT_MAX_SENTENCES,
-                        help=f"windows per batch at most (default: {DEFAULT_MAX_SENTENCES})")
+                        help=f"windows per forward pass at most (default: {DEFAULT_MAX_SENTENCES})")
     parser.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
-                        help=f"padded tokens per batch (default: {DEFAULT_MAX_TOKENS})")
+                        help="padded tokens per forward pass: every pass of padded width W has max_tokens // W rows "
+                             f"(at most --batch-size), whatever else is tagged (default: {DEFAULT_MAX_TOKENS})")
 
 
 def with_sample_data(cfg: TrainConfig) -> TrainConfig:

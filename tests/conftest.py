@@ -163,3 +163,12 @@ def python_module(module: str, *args: str) -> list[str]:
 
 def read_state(checkpoint: Path) -> dict:
     return json.loads((checkpoint / "trainer_state.json").read_text())
+
+
+def resolve(spec: dict, schema: dict) -> dict:
+    """An OpenAPI `schema` with its $ref into the document's components followed, recursively."""
+    if "$ref" in schema:
+        return resolve(spec, spec["components"]["schemas"][schema["$ref"].rsplit("/", 1)[1]])
+    return {k: [resolve(spec, s) for s in v] if k in ("oneOf", "anyOf") else
+            {name: resolve(spec, p) for name, p in v.items()} if k == "properties" else
+            resolve(spec, v) if k == "items" else v for k, v in schema.items()}

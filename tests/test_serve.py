@@ -17,7 +17,7 @@ import pytest
 fastapi = pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
 
-from conftest import ROOT  # noqa: E402
+from conftest import ROOT, resolve  # noqa: E402
 from fastapi.testclient import TestClient  # noqa: E402
 
 from ner.batcher import BatcherEvents  # noqa: E402
@@ -117,15 +117,6 @@ def test_a_failing_batch_answers_500_and_the_server_goes_on(random_model, caplog
         after = test_client.post("/predict", json={"texts": ["fine", "also fine"]})
         assert after.status_code == 200 and after.json() == {"results": [{"entities": []}] * 2}
         assert test_client.get("/health").json()["in_flight"] == 0
-
-
-def resolve(spec: dict, schema: dict) -> dict:
-    """`schema` with its $ref into the document's components followed, recursively."""
-    if "$ref" in schema:
-        return resolve(spec, spec["components"]["schemas"][schema["$ref"].rsplit("/", 1)[1]])
-    return {k: [resolve(spec, s) for s in v] if k in ("oneOf", "anyOf") else
-            {name: resolve(spec, p) for name, p in v.items()} if k == "properties" else
-            resolve(spec, v) if k == "items" else v for k, v in schema.items()}
 
 
 def test_openapi_documents_the_predict_body_and_answers(client):

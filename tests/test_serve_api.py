@@ -18,7 +18,7 @@ fastapi = pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("prometheus_client")
 
-from conftest import ROOT  # noqa: E402
+from conftest import ROOT, resolve  # noqa: E402
 from fastapi.testclient import TestClient  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
@@ -187,14 +187,6 @@ def test_an_unexpected_exception_is_a_json_500_with_the_request_id(tagger, rando
 
 
 # ----------------------------------------------------------------------------- the typed API
-
-def resolve(spec: dict, schema: dict) -> dict:
-    if "$ref" in schema:
-        return resolve(spec, spec["components"]["schemas"][schema["$ref"].rsplit("/", 1)[1]])
-    return {k: [resolve(spec, s) for s in v] if k in ("oneOf", "anyOf") else
-            {name: resolve(spec, p) for name, p in v.items()} if k == "properties" else
-            resolve(spec, v) if k == "items" else v for k, v in schema.items()}
-
 
 def answer_schema(spec: dict, path: str, method: str, status: int) -> dict:
     response = spec["paths"][path][method]["responses"][str(status)]

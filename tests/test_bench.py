@@ -168,8 +168,10 @@ def test_timed_evaluate_uses_the_runs_evaluation_batch_rule():
             return [e.tags for e in examples], None
 
     examples = [Example(["EU", "rejects"], ["B-ORG", "O"], "x"), Example(["Peter"], ["B-PER"], "x")]
-    result = eval_speed.timed_evaluate(Tagger(), {"batch_size": 5, "max_tokens": 300}, examples)
-    assert calls == [(10, 600)]  # twice the run's training limits (not the defaults), as its evaluation used
+    result = eval_speed.timed_evaluate(Tagger(), {"batch_size": 5, "max_tokens": 200}, examples)
+    eval_speed.timed_evaluate(Tagger(), {"batch_size": 5, "max_tokens": 300}, examples)
+    # twice the run's training limits (not the defaults), as its evaluation used, tokens capped at 512 a pass
+    assert calls == [(10, 400), (10, 512)]
     assert result["f1"] == 1.0 and result["sentences_per_s"] > 0
 
 
@@ -257,7 +259,8 @@ def test_the_bench_replaces_only_folders_it_made(tmp_path):
     assert training_speed.claim_out(out) == out  # an earlier run's OUT is taken again
 
 
-ENTRY_POINTS = ("training_speed", "baseline", "eval_speed", "inference", "shapes", "seeds")
+ENTRY_POINTS = ("training_speed", "baseline", "eval_speed", "inference", "shapes", "seeds", "startup",
+                "batch_independence")
 
 
 @pytest.mark.parametrize("name", ENTRY_POINTS)

@@ -85,16 +85,16 @@ def _vocabulary() -> list[str]:
     return ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *sorted(words), *chars, *[f"##{c}" for c in chars]]
 
 
-def build_tiny_bert(folder: Path, dropout: float) -> Path:
+def build_tiny_bert(folder: Path, dropout: float, hidden_size: int = 32) -> Path:
     from transformers import BertConfig, BertModel, BertTokenizer
 
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "vocab.txt").write_text("\n".join(_vocabulary()) + "\n", encoding="utf-8")
     tokenizer = BertTokenizer(vocab=str(folder / "vocab.txt"), do_lower_case=True)
     tokenizer.save_pretrained(folder)
-    config = BertConfig(vocab_size=len(_vocabulary()), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=64, max_position_embeddings=128, hidden_dropout_prob=dropout,
-                        attention_probs_dropout_prob=dropout)
+    config = BertConfig(vocab_size=len(_vocabulary()), hidden_size=hidden_size, num_hidden_layers=2,
+                        num_attention_heads=2, intermediate_size=2 * hidden_size, max_position_embeddings=128,
+                        hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
     import torch
 
     torch.manual_seed(0)
@@ -126,6 +126,18 @@ def tiny_data(tmp_path_factory) -> dict[str, Path]:
 @pytest.fixture(scope="session")
 def random_model(tiny_bert, tiny_data, tmp_path_factory) -> Path:
     """An untrained head on the tiny BERT: plenty of mistakes to report, built in a second."""
+    return with_random_head(tiny_bert, tiny_data, tmp_path_factory.mktemp("random_model"))
+
+
+@pytest.fixture(scope="session")
+def wide_random_model(tiny_data, tmp_path_factory) -> Path:
+    """random_model with hidden size 256: its bf16 numbers move with the batch shape by more than the 4 decimals
+    of a served score (hidden 32 moves them by ~6e-5 only), so batch-independence checks can fail on it."""
+    encoder = build_tiny_bert(tmp_path_factory.mktemp("wide_bert"), dropout=0.0, hidden_size=256)
+    return with_random_head(encoder, tiny_data, tmp_path_factory.mktemp("wide_random_model"))
+
+
+def with_random_head(encoder: Path, tiny_data: dict[str, Path], folder: Path) -> Path:
     import torch
     from transformers import AutoModelForTokenClassification, AutoTokenizer
 
@@ -134,11 +146,10 @@ def random_model(tiny_bert, tiny_data, tmp_path_factory) -> Path:
     labels = build_label_list(read_conll(tiny_data["train"]))
     torch.manual_seed(0)
     model = AutoModelForTokenClassification.from_pretrained(
-        tiny_bert, num_labels=len(labels), id2label=dict(enumerate(labels)),
+        encoder, num_labels=len(labels), id2label=dict(enumerate(labels)),
         label2id={label: i for i, label in enumerate(labels)})
-    folder = tmp_path_factory.mktemp("random_model")
     model.save_pretrained(folder)
-    AutoTokenizer.from_pretrained(tiny_bert).save_pretrained(folder)
+    AutoTokenizer.from_pretrained(encoder).save_pretrained(folder)
     return folder
 
 

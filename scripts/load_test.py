@@ -339,27 +339,20 @@ def main(argv: list[str] | None = None) -> int:
     process, url = (None, args.url) if args.url else start_server(args.model_dir, args.server_args.split(),
                                                                   launcher or ("-m", "ner.serve"))
     check_loopback(url)
-    if args.texts_per_request:
-        try:
-            row = overload(args, process, url)
-        finally:
-            if process is not None and process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-                process.wait(60)
-        print(overload_table(row))
-        if args.json:
-            args.json.write_text(json.dumps(row, indent=2) + "\n", encoding="utf-8")
-        return 0
     try:
-        run_clients(url, 2, 5, 30)  # warm-up: first batches build kernels
-        rows = [run_clients(url, n, args.requests, args.max_seconds) for n in args.clients]
+        if args.texts_per_request:
+            result, printed = (row := overload(args, process, url)), overload_table(row)
+        else:
+            run_clients(url, 2, 5, 30)  # warm-up: first batches build kernels
+            result = [run_clients(url, n, args.requests, args.max_seconds) for n in args.clients]
+            printed = table(result)
     finally:
-        if process is not None:
+        if process is not None and process.poll() is None:
             process.send_signal(signal.SIGTERM)
             process.wait(60)
-    print(table(rows))
+    print(printed)
     if args.json:
-        args.json.write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
+        args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     return 0
 
 

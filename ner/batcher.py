@@ -191,7 +191,6 @@ class MicroBatcher:
         try:
             return await asyncio.wait_for(self._enqueue_and_wait(item), self.limits.request_timeout_s)
         except asyncio.TimeoutError:
-            self._withdraw(item)
             self.events.timed_out(len(texts))
             raise TimedOut(f"no answer within {self.limits.request_timeout_s:g} s (--request-timeout)") from None
         finally:

@@ -15,7 +15,6 @@ A checkpoint is complete only when its manifest exists and matches: the folder i
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import random
@@ -28,7 +27,7 @@ from safetensors.torch import load_file
 
 from ner.backends import Backend
 from ner.errors import UserError
-from ner.files import atomic_write_text, fsync_path, replace_folder
+from ner.files import atomic_write_text, fsync_path, replace_folder, sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -54,14 +53,6 @@ SCALER = "scaler.pt"
 
 def checkpoint_root(output_dir: Path) -> Path:
     return Path(output_dir) / CHECKPOINTS
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def write_json_atomic(path: Path, payload: object) -> None:
@@ -130,7 +121,7 @@ def _seal(tmp: Path, final: Path, step: int) -> None:
         fsync_path(path)
     replace_folder(tmp, final)  # over an older incomplete or superseded copy of the same step, if any
     entries = {str(p.relative_to(tmp)): {"size": (final / p.relative_to(tmp)).stat().st_size,
-                                          "sha256": _sha256(final / p.relative_to(tmp))} for p in files}
+                                          "sha256": sha256_file(final / p.relative_to(tmp))} for p in files}
     write_json_atomic(final / MANIFEST, {"step": step, "files": entries})
 
 
@@ -156,7 +147,7 @@ def verify(folder: Path) -> str | None:
             return f"{name} is missing"
         if path.stat().st_size != expected["size"]:
             return f"{name} has {path.stat().st_size} bytes, manifest says {expected['size']}"
-        if _sha256(path) != expected["sha256"]:
+        if sha256_file(path) != expected["sha256"]:
             return f"{name} does not match its sha256 in the manifest"
     return None
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import glob
-import hashlib
 import itertools
 import json
 import re
@@ -34,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ner.errors import UserError
-from ner.files import atomic_write_text, staged_file
+from ner.files import atomic_write_text, sha256_file, staged_file
 from ner.spans import entities_record, text_of
 
 MANIFEST, MERGED = "manifest.json", "predictions.jsonl"
@@ -228,14 +227,6 @@ def parse_unit(kind: str, where: str, payload: object) -> dict:
 def file_identity(path: Path) -> dict:
     stat = path.stat()
     return {"path": str(path.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(READ_BLOCK_BYTES):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def model_identity(model_dir: Path, runtime: str) -> dict:

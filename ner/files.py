@@ -12,12 +12,22 @@ never half of one; a failure removes only what was created here.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import secrets
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+
+def sha256_file(path: Path) -> str:
+    """The hex SHA-256 of a file, read in 1 MiB blocks (checkpoint manifests, corpus manifests, model versions)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def fsync_path(path: Path) -> None:

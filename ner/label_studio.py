@@ -32,7 +32,6 @@ definitions are what entity-expansion attacks need).
 
 
 import asyncio
-import hashlib
 import json
 import logging
 import os
@@ -43,6 +42,8 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+
+from ner.files import sha256_file
 
 log = logging.getLogger("ner.label_studio")
 PREFIX = "/label-studio"
@@ -156,15 +157,11 @@ def model_version(model_dir: Path) -> str:
     """The export's folder name (with its parent where it is OUTPUT_DIR/final) and a short hash of its weights,
     so Label Studio tells two models apart, and a retrained export in the same place gets a new version."""
     model_dir = Path(model_dir)
-    digest = hashlib.sha256()
     weights = next((model_dir / name for name in WEIGHT_FILES if (model_dir / name).is_file()),
                    model_dir / "config.json")
-    with open(weights, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
     folder = model_dir.resolve()
     name = f"{folder.parent.name}/{folder.name}" if folder.name == "final" else folder.name
-    return f"{name}@{digest.hexdigest()[:8]}"
+    return f"{name}@{sha256_file(weights)[:8]}"
 
 
 def read_json(body: bytes) -> dict:

@@ -518,10 +518,12 @@ def connected_clients(url: str, count: int) -> list[httpx.Client]:
     return clients
 
 
-def post_all(url: str, payloads: list[dict], clients: list[httpx.Client] | None = None) -> list[httpx.Response]:
-    """Every payload at once, one thread (one client, connected beforehand) each."""
+def post_all(url: str, payloads: list[dict], clients: list[httpx.Client] | None = None,
+             responses: list | None = None) -> list[httpx.Response]:
+    """Every payload at once, one thread (one client, connected beforehand) each; `responses`, when given,
+    fills as answers arrive, so a caller in another thread can watch them."""
     clients = clients or connected_clients(url, len(payloads))
-    responses: list = [None] * len(payloads)
+    responses = [None] * len(payloads) if responses is None else responses
 
     def send(i: int) -> None:
         responses[i] = clients[i].post("/predict", json=payloads[i])
@@ -594,12 +596,14 @@ def test_sigterm_with_a_full_queue_answers_everyone_and_exits_within_the_shutdow
                                 launcher=("-c", SLOW_MODEL_SERVER, "1.5", str(gate)))
     try:
         poll(url, "/ready", lambda status, _: status == 200)
-        responses: list = []
+        responses: list = [None] * 12
         clients = connected_clients(url, 12)
         payloads = [{"text": f"Request {i} from Ada Lovelace in London."} for i in range(12)]
-        sender = threading.Thread(target=lambda: responses.extend(post_all(url, payloads, clients)))
+        sender = threading.Thread(target=post_all, args=(url, payloads, clients, responses))
         sender.start()
-        poll(url, "/health", lambda _, body: body["queued_texts"] == 6 and body["in_flight"] == 7)
+        # The 5 shed answers must be back before SIGTERM, or a late one meets "shutting down" instead.
+        poll(url, "/health", lambda _, body: body["queued_texts"] == 6 and body["in_flight"] == 7
+             and sum(r is not None for r in responses) == 5)
         signalled = time.monotonic()
         process.send_signal(signal.SIGTERM)
         gate.touch()

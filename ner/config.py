@@ -32,6 +32,7 @@ DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 PAD_TO_MULTIPLE_OF = 4  # batch widths; measured on CPU (docs/performance.md)
 BACKENDS = ("accelerate", "raw-ddp", "data-parallel")
 CONTEXTS = ("auto", "document", "none")
+CASINGS = ("auto", "types", "none")
 # Accelerate's trackers (accelerate.tracking.LOGGER_TYPE_TO_CLASS; a test keeps the two equal).
 TRACKERS = ("tensorboard", "wandb", "mlflow", "comet_ml", "aim", "clearml", "dvclive", "swanlab", "trackio")
 
@@ -73,6 +74,10 @@ class TrainConfig:
     context_tokens: int = _opt(0, "with document context, subword tokens of context guaranteed on each side "
                                   "of every predicted word; 0: max-seq-length / 8")
     document_column: str = _opt("document", "JSONL field / `datasets` column holding each sentence's document id")
+    casing: str = _opt(
+        "auto", "give the model each word's case as a token type (none / capital first letter / all capitals); "
+        "auto: types for an encoder that lower-cases its input and takes token types (the packaged MiniLM, "
+        "bert-base-uncased), else none", choices=CASINGS)
     label_all_subwords: bool = _opt(False, "train on every subword, not only the first of each word")
     # model
     model: str = _opt(DEFAULT_MODEL, "hub id or local folder of a pretrained encoder (MiniLM is packaged offline)")
@@ -259,6 +264,19 @@ def resolve_context(cfg: TrainConfig, train_has_documents: bool) -> TrainConfig:
         log.info("--context auto: %s (the training data %s)", chosen, why)
     tokens = cfg.context_tokens or cfg.max_seq_length // 8 if chosen == "document" else cfg.context_tokens
     return dataclasses.replace(cfg, context=chosen, context_tokens=tokens)
+
+
+def resolve_casing(cfg: TrainConfig, lowercases: bool, takes_token_types: bool) -> TrainConfig:
+    """--casing auto -> types where the encoder cannot see case but takes token types; said in the log."""
+    chosen = cfg.casing
+    if chosen == "auto":
+        chosen = "types" if lowercases and takes_token_types else "none"
+        why = ("lower-cases its input" if lowercases else "sees case itself") + (
+            "" if takes_token_types or not lowercases else " but takes no token types")
+        log.info("--casing auto: %s (%s %s)", chosen, cfg.model, why)
+    elif chosen == "types" and not takes_token_types:
+        raise UserError(f"--casing types: {cfg.model} takes no token types (token_type_ids); use --casing none")
+    return dataclasses.replace(cfg, casing=chosen)
 
 
 # Padded tokens per inference forward pass. Every pass of padded width W runs with exactly max_tokens // W rows

@@ -32,7 +32,19 @@ if TYPE_CHECKING:
     import torch
 
 IGNORE_INDEX = -100
-MODEL_INPUTS = ("input_ids", "attention_mask")  # the batch keys the model takes; the rest are bookkeeping
+# The batch keys the model takes (token_type_ids only with casing types); the rest are bookkeeping.
+MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+CASING_TYPES = 3  # token types with --casing types: see casing_type
+
+
+def casing_type(word: str) -> int:
+    """A word's case as a token type, for encoders that lower-case their input and so never see it:
+    0 no capital letter (also [CLS], [SEP], padding, and what a plain `pipeline` passes), 1 a capital
+    first letter, 2 all capitals (two letters or more)."""
+    letters = [c for c in word if c.isalpha()]
+    if not letters or not letters[0].isupper():
+        return 0
+    return 2 if len(letters) >= 2 and all(c.isupper() for c in letters) else 1
 
 
 @dataclass
@@ -41,6 +53,7 @@ class Feature:
     labels: list[int]  # IGNORE_INDEX where no loss is taken
     word_index: list[int]  # flat index of the word predicted at this position, -1 elsewhere
     example_index: int  # the example of the window's first owned word
+    token_type_ids: list[int] | None = None  # casing types (casing_type), with --casing types
 
 
 def word_pieces(words_batch: list[list[str]], tokenizer) -> list[list[list[int]]]:
@@ -123,8 +136,8 @@ def runs_of(examples: list[Example], by_document: bool) -> list[range]:
 
 def encode_examples(examples: list[Example], tokenizer, label2id: dict[str, int], max_seq_length: int,
                     stride_words: int = 0, label_all_subwords: bool = False, context: bool = False,
-                    context_tokens: int = 0, chunk_size: int = 2048) -> list[Feature]:
-    """Tokenise once (in chunks, through the fast tokenizer) and cut windows."""
+                    context_tokens: int = 0, casing: bool = False, chunk_size: int = 2048) -> list[Feature]:
+    """Tokenise once (in chunks, through the fast tokenizer) and cut windows; `casing`: casing types too."""
     budget = max_seq_length - 2  # [CLS] and [SEP]
     continuation = _continuation_labels(label2id) if label_all_subwords else None
     pieces: list[list[int]] = []
@@ -135,6 +148,7 @@ def encode_examples(examples: list[Example], tokenizer, label2id: dict[str, int]
     tag_ids = [label2id.get(tag, IGNORE_INDEX) for e in examples for tag in e.tags]
     offsets = np.cumsum([0] + [len(e.words) for e in examples]).tolist()
     word_example = np.repeat(np.arange(len(examples)), np.diff(offsets)).tolist()
+    casing_types = [casing_type(w) for e in examples for w in e.words] if casing else None
     features: list[Feature] = []
     for run in runs_of(examples, context):
         first, last = offsets[run.start], offsets[run.stop]
@@ -145,11 +159,12 @@ def encode_examples(examples: list[Example], tokenizer, label2id: dict[str, int]
             window = (first + start, first + end, first + own_start, first + own_end)
             example = word_example[first + own_start] if own_start < own_end else run.start  # an empty sentence
             features.append(_window_feature(pieces, tag_ids, window, example, tokenizer, continuation,
-                                            label_context=not context))
+                                            label_context=not context, casing_types=casing_types))
     return features
 
 
-def _window_feature(pieces, tag_ids, window, example_index, tokenizer, continuation, label_context) -> Feature:
+def _window_feature(pieces, tag_ids, window, example_index, tokenizer, continuation, label_context,
+                    casing_types=None) -> Feature:
     """[CLS] words [SEP]; owned words predicted; context words labelled only at sentence level
     (where they are the same sentence's overlap, as before document context existed)."""
     start, end, own_start, own_end = window
@@ -166,7 +181,10 @@ def _window_feature(pieces, tag_ids, window, example_index, tokenizer, continuat
     input_ids.append(tokenizer.sep_token_id)
     labels.append(IGNORE_INDEX)
     word_index.append(-1)
-    return Feature(input_ids, labels, word_index, example_index)
+    types = None
+    if casing_types is not None:  # every subword of a word carries the word's type
+        types = [0] + [casing_types[w] for w in range(start, end) for _ in pieces[w]] + [0]
+    return Feature(input_ids, labels, word_index, example_index, types)
 
 
 def _continuation_labels(label2id: dict[str, int]) -> dict[int, int]:
@@ -201,7 +219,7 @@ def fixed_shape_plan(features: list[Feature], pad_to_multiple_of: int, max_rows:
         if len(indices) < rows:
             first = features[indices[0]]
             planned.append(Feature(first.input_ids, [IGNORE_INDEX] * len(first.input_ids),
-                                   [-1] * len(first.input_ids), first.example_index))
+                                   [-1] * len(first.input_ids), first.example_index, first.token_type_ids))
             indices = indices + [len(planned) - 1] * (rows - len(indices))
         batches.append(indices)
     return planned, batches
@@ -221,13 +239,23 @@ def collate(features: list[Feature], pad_token_id: int, pad_to_multiple_of: int 
         labels[row, :len(f.labels)] = f.labels
         word_index[row, :len(f.word_index)] = f.word_index
     lengths = np.array([len(f.input_ids) for f in features])
-    return {
+    batch = {
         "input_ids": input_ids,
         "attention_mask": (np.arange(longest)[None, :] < lengths[:, None]).astype(np.int64),
         "labels": labels,
         "word_index": word_index,
         "example_index": np.array([f.example_index for f in features], dtype=np.int64),
     }
+    if features[0].token_type_ids is not None:
+        batch["token_type_ids"] = np.zeros(shape, dtype=np.int64)
+        for row, f in enumerate(features):
+            batch["token_type_ids"][row, :len(f.token_type_ids)] = f.token_type_ids
+    return batch
+
+
+def model_inputs(batch: dict) -> dict:
+    """The model's arguments among a batch's keys."""
+    return {key: batch[key] for key in MODEL_INPUTS if key in batch}
 
 
 def collate_tensors(features: list[Feature], pad_token_id: int, pad_to_multiple_of: int = 1) -> dict[str, torch.Tensor]:
@@ -274,13 +302,14 @@ def _cache_key(examples: list[Example], tokenizer, settings: dict) -> str:
 
 def cached_encode(examples: list[Example], tokenizer, label2id: dict[str, int], max_seq_length: int,
                   stride_words: int = 0, label_all_subwords: bool = False, context: bool = False,
-                  context_tokens: int = 0, cache_dir: Path | None = None) -> list[Feature]:
+                  context_tokens: int = 0, casing: bool = False, cache_dir: Path | None = None) -> list[Feature]:
     """encode_examples, memoised on disk by a hash of the data, tokenizer and settings."""
     settings = {"label2id": label2id, "max_seq_length": max_seq_length, "stride": stride_words,
-                "all_subwords": label_all_subwords, "context": context, "context_tokens": context_tokens}
+                "all_subwords": label_all_subwords, "context": context, "context_tokens": context_tokens,
+                "casing": casing}
     if cache_dir is None:
         return encode_examples(examples, tokenizer, label2id, max_seq_length, stride_words, label_all_subwords,
-                               context, context_tokens)
+                               context, context_tokens, casing)
     path = Path(cache_dir) / f"{_cache_key(examples, tokenizer, settings)}.npz"
     if path.is_file():
         try:
@@ -288,24 +317,29 @@ def cached_encode(examples: list[Example], tokenizer, label2id: dict[str, int], 
         except (OSError, ValueError, KeyError):
             pass  # a damaged cache entry is rebuilt, never trusted
     features = encode_examples(examples, tokenizer, label2id, max_seq_length, stride_words, label_all_subwords,
-                               context, context_tokens)
+                               context, context_tokens, casing)
     _save_features(path, features)
     return features
+
+
+FEATURE_COLUMNS = ("input_ids", "labels", "word_index", "token_type_ids")
 
 
 def _save_features(path: Path, features: list[Feature]) -> None:
     lengths = np.array([len(f.input_ids) for f in features], dtype=np.int64)
     # Several ranks may write the same entry, each under its own temporary name: last rename wins, all identical.
+    columns = {name: np.concatenate([getattr(f, name) for f in features]).astype(np.int64) for name in
+               FEATURE_COLUMNS if features and getattr(features[0], name) is not None}
     with staged_file(path) as tmp:
         np.savez(tmp, lengths=lengths, example_index=np.array([f.example_index for f in features], dtype=np.int64),
-                 input_ids=np.concatenate([f.input_ids for f in features]).astype(np.int64),
-                 labels=np.concatenate([f.labels for f in features]).astype(np.int64),
-                 word_index=np.concatenate([f.word_index for f in features]).astype(np.int64))
+                 **columns)
 
 
 def _load_features(path: Path) -> list[Feature]:
     with np.load(path, allow_pickle=False) as data:
         bounds = np.cumsum(np.concatenate([[0], data["lengths"]])).tolist()
-        columns = [np.split(data[name], bounds[1:-1]) for name in ("input_ids", "labels", "word_index")]
-        return [Feature(ids.tolist(), labels.tolist(), words.tolist(), int(example))
-                for ids, labels, words, example in zip(*columns, data["example_index"].tolist())]
+        columns = {name: [part.tolist() for part in np.split(data[name], bounds[1:-1])]
+                   for name in FEATURE_COLUMNS if name in data}
+        examples = data["example_index"].tolist()
+        return [Feature(example_index=int(example), **{name: parts[i] for name, parts in columns.items()})
+                for i, example in enumerate(examples)]

@@ -126,7 +126,9 @@ HYPERPARAMETERS = (
     ("lr_scheduler", "schedule after warmup"), ("warmup_ratio", "warmup ratio"), ("weight_decay", "weight decay"),
     ("max_grad_norm", "gradient clipping (L2 norm)"), ("max_seq_length", "subword tokens per window"),
     ("label_all_subwords", "loss on every subword"), ("mixed_precision", "mixed precision"), ("seed", "seed"),
-    ("early_stopping_patience", "early stopping patience (evaluations; 0: off)"), ("backend", "training backend"))
+    ("early_stopping_patience", "early stopping patience (evaluations; 0: off)"), ("backend", "training backend"),
+    ("casing", "case as token types"), ("ema_decay", "weight average (EMA) decay; 0: off"),
+    ("layer_lr_decay", "layer-wise learning-rate decay; 1: off"))
 HUB_ID = re.compile(r"([A-Za-z0-9][\w.-]*/)?[A-Za-z0-9][\w.-]*")  # `name` (legacy ids) or `org/name`
 
 
@@ -213,11 +215,19 @@ def _usage_section(args: dict) -> str:
         f"`{args.get('decode', 'argmax')}`"
         + (" (only tag sequences the scheme allows)" if args.get("decode") == "viterbi" else "")
         + (" and tag CoNLL files with `-DOCSTART-` documents with document context, as in training"
-           if args.get("context") == "document" else "") + ".\n\n"
+           if args.get("context") == "document" else "") + "." + _casing_note(args) + "\n\n"
         "With the `ner` tool (words split on spaces, one JSON line per sentence; `--conll` tags a CoNLL file):\n"
         "```bash\necho \"Angela Merkel visited Paris\" | python -m ner.predict PATH/TO/THIS/FOLDER\n"
         "python -m ner.predict PATH/TO/THIS/FOLDER sentences.txt\n"
         "python -m ner.evaluate PATH/TO/THIS/FOLDER test.conll   # per-type report + worst sentences\n```")
+
+
+def _casing_note(args: dict) -> str:
+    if args.get("casing") != "types":
+        return ""
+    return (" Its encoder lower-cases text, so it was trained with each word's case as a token type "
+            "(`token_type_ids`: 0 no capital letter, 1 a capital first letter, 2 all capitals). The `ner` tools "
+            "compute these; `pipeline` passes 0 everywhere, as for lower-case text, and finds fewer entities.")
 
 
 @cli

@@ -4,7 +4,8 @@
     python -m ner.export runs/ner/final exported --onnx --quantize int8  # + model.int8.onnx (dynamic int8)
 
 torch's TorchScript exporter (`dynamo=False`): it needs only the `onnx` package, so it works offline
-(the dynamo exporter also needs `onnxscript`). Inputs input_ids and attention_mask, output logits,
+(the dynamo exporter also needs `onnxscript`). Inputs input_ids and attention_mask (and token_type_ids for
+a model trained with casing types), output logits,
 batch and sequence axes dynamic. Files are written under temporary names (ner/files.py) and renamed only after
 the check, on the traced batch (CHECK_SENTENCES) and on two shapes unlike it (CHECK_SHAPES: fewer rows of
 different lengths, padded to another width; one unpadded row), since a graph can hold the traced shape as
@@ -22,7 +23,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ner.encode import casing_type, model_inputs
 from ner.errors import UserError
+from ner.infer import ModelSettings
 from ner.files import staged_file
 from ner.runtime import ONNX_FILES, onnx_session
 
@@ -62,11 +65,12 @@ def write_onnx(model_dir: Path, quantize: str | None = None) -> dict[str, float]
 
     transformers.utils.logging.disable_progress_bar()
     model = AutoModelForTokenClassification.from_pretrained(model_dir).eval()
-    batches = check_batches(AutoTokenizer.from_pretrained(model_dir))
+    batches = check_batches(AutoTokenizer.from_pretrained(model_dir), ModelSettings.of(model_dir).casing == "types")
     with torch.no_grad():
-        references = [model(**{k: torch.from_numpy(b[k]) for k in INPUTS}).logits.numpy() for b in batches]
+        references = [model(**{k: torch.from_numpy(v) for k, v in model_inputs(b).items()}).logits.numpy()
+                      for b in batches]
     with staged_file(model_dir / ONNX_FILES["onnx"]) as fp32:
-        export_graph(model, {k: batches[0][k] for k in INPUTS}, fp32)
+        export_graph(model, model_inputs(batches[0]), fp32)
         measured = {"max_logit_diff": check_fp32(fp32, batches, references)}
         if quantize == "int8":
             with staged_file(model_dir / ONNX_FILES["onnx-int8"]) as int8:
@@ -76,16 +80,13 @@ def write_onnx(model_dir: Path, quantize: str | None = None) -> dict[str, float]
     return measured
 
 
-INPUTS = ("input_ids", "attention_mask")
-
-
-def check_batches(tokenizer) -> list[dict[str, np.ndarray]]:
+def check_batches(tokenizer, casing: bool) -> list[dict[str, np.ndarray]]:
     """The traced batch (all CHECK_SENTENCES, padded to the longest), then one batch per CHECK_SHAPES,
-    each with `first_subwords`: True where a word's first subword is."""
+    each with `first_subwords`: True where a word's first subword is (and casing types, with `casing`)."""
     rows = [sentence.split() for sentence in CHECK_SENTENCES]
     traced = tokenizer(rows, is_split_into_words=True, padding=True, return_tensors="np",
                        return_token_type_ids=False)
-    batches = [with_first_subwords(traced, len(rows))]
+    batches = [with_first_subwords(traced, rows, casing)]
     for picked in CHECK_SHAPES:
         chosen = [rows[i] for i in picked]
         longest = max(len(tokenizer(r, is_split_into_words=True)["input_ids"]) for r in chosen)
@@ -94,28 +95,35 @@ def check_batches(tokenizer) -> list[dict[str, np.ndarray]]:
             width += 1
         encoded = tokenizer(chosen, is_split_into_words=True, padding="max_length", max_length=width,
                             return_tensors="np", return_token_type_ids=False)
-        batches.append(with_first_subwords(encoded, len(chosen)))
+        batches.append(with_first_subwords(encoded, chosen, casing))
     return batches
 
 
-def with_first_subwords(encoded, rows: int) -> dict[str, np.ndarray]:
+def with_first_subwords(encoded, rows: list[list[str]], casing: bool) -> dict[str, np.ndarray]:
     first = np.zeros(encoded["input_ids"].shape, dtype=bool)
-    for i in range(rows):
+    types = np.zeros(encoded["input_ids"].shape, dtype=np.int64)
+    for i, words in enumerate(rows):
         seen = set()
         for j, word in enumerate(encoded.word_ids(i)):
+            if word is not None:
+                types[i, j] = casing_type(words[word])
             if word is not None and word not in seen:
                 first[i, j] = True
                 seen.add(word)
-    return {**{k: encoded[k].astype(np.int64) for k in INPUTS}, "first_subwords": first}
+    batch = {"input_ids": encoded["input_ids"].astype(np.int64),
+             "attention_mask": encoded["attention_mask"].astype(np.int64), "first_subwords": first}
+    return {**batch, "token_type_ids": types} if casing else batch
 
 
 def export_graph(model: torch.nn.Module, inputs: dict[str, np.ndarray], path: Path) -> None:
+    """`inputs` in the model's argument order (encode.model_inputs); token_type_ids is the forward's third."""
     axes = {0: "batch", 1: "sequence"}
+    names = list(inputs)
+    args = tuple(torch.from_numpy(value) for value in inputs.values())
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # aten::index notes: the owned-position gather happens outside the graph
-        torch.onnx.export(model, (torch.from_numpy(inputs["input_ids"]), torch.from_numpy(inputs["attention_mask"])),
-                          str(path), input_names=["input_ids", "attention_mask"], output_names=["logits"],
-                          dynamic_axes={"input_ids": axes, "attention_mask": axes, "logits": axes},
+        torch.onnx.export(model, args, str(path), input_names=names, output_names=["logits"],
+                          dynamic_axes={**{name: axes for name in names}, "logits": axes},
                           opset_version=17, dynamo=False)
 
 
@@ -135,7 +143,7 @@ def quantize_int8(source: Path, target: Path) -> None:
 
 
 def run_session(path: Path, inputs: dict[str, np.ndarray]) -> np.ndarray:
-    return onnx_session(path).run(["logits"], {k: inputs[k] for k in INPUTS})[0]
+    return onnx_session(path).run(["logits"], model_inputs(inputs))[0]
 
 
 def shape_of(batch: dict[str, np.ndarray]) -> str:

@@ -57,7 +57,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("ner")
 
 Progress = Callable  # tqdm-like: progress(iterable, desc=..., leave=...) -> iterable
-Runtime = TorchRuntime | OnnxRuntime  # runtime(input_ids, attention_mask) -> logits (ner/runtime.py)
+Runtime = TorchRuntime | OnnxRuntime  # runtime(input_ids, attention_mask, token_type_ids) -> logits (ner/runtime.py)
 
 
 def no_progress(iterable, **_):
@@ -93,7 +93,7 @@ def predict_word_scores(runtime: Runtime, features: list[Feature], batches: list
     word_ids, scores = [], []
     for indices in progress(batches, desc="predict", leave=False):
         batch = collate([features[i] for i in indices], pad_token_id, pad_to_multiple_of)
-        logits = runtime(batch["input_ids"], batch["attention_mask"])
+        logits = runtime(batch["input_ids"], batch["attention_mask"], batch.get("token_type_ids"))
         (rows, cols), ids = owned_positions(batch["word_index"])
         word_ids.append(ids)
         scores.append(log_softmax(logits[rows, cols]))
@@ -134,6 +134,7 @@ class ModelSettings:
     window_stride_words: int = DEFAULTS.window_stride_words
     context: str = "none"  # document | none, as resolved at training
     context_tokens: int = 0
+    casing: str = "none"  # types | none, as resolved at training
     tag_scheme: str | None = None
     decode: str = "viterbi"
 
@@ -265,7 +266,8 @@ class Tagger:
         placeholder = {label: 0 for label in {t for e in examples for t in e.tags}}  # gold tags are not needed
         features = encode_examples(examples, self.tokenizer, placeholder, self.max_seq_length,
                                    self.settings.window_stride_words, context=self.uses_context(examples),
-                                   context_tokens=self.settings.context_tokens)
+                                   context_tokens=self.settings.context_tokens,
+                                   casing=self.settings.casing == "types")
         rows = min(max_sentences, self.runtime.rows_per_forward or max_sentences)  # int8: one window a forward
         features, batches = fixed_shape_plan(features, self.pad_to_multiple_of, rows, max_tokens)
         word_ids, scores = predict_word_scores(self.runtime, features, batches, self.tokenizer.pad_token_id,

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch.optim.lr_scheduler import LRScheduler
 
 from ner.backends import Backend
-from ner.encode import IGNORE_INDEX, MODEL_INPUTS
+from ner.encode import IGNORE_INDEX, model_inputs
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ class TrainState:
 def token_loss_sum(model: torch.nn.Module, batch: dict, backend: Backend) -> tuple[torch.Tensor, torch.Tensor]:
     """Summed cross-entropy over labelled tokens, and the logits."""
     with backend.autocast():
-        logits = model(**{k: batch[k] for k in MODEL_INPUTS}).logits
+        logits = model(**model_inputs(batch)).logits
     # Loss in fp32 outside the model: under nn.DataParallel this sees the gathered logits
     # of all replicas, so the reduction is over the whole batch, like the other backends.
     loss_sum = F.cross_entropy(logits.float().flatten(0, 1), batch["labels"].flatten(),

@@ -13,6 +13,7 @@ import torch
 from transformers import AutoConfig, AutoModelForTokenClassification, AutoTokenizer, get_scheduler
 
 from ner.config import DEFAULT_MODEL
+from ner.encode import CASING_TYPES
 from ner.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -74,18 +75,42 @@ def encoder_hidden_size(name: str, trust_remote_code: bool = False) -> int:
 
 
 def build_model(name: str, label_list: list[str], trust_remote_code: bool = False,
-                attn_implementation: str = "sdpa") -> torch.nn.Module:
-    """Pretrained encoder with a fresh token-classification head; labels live in its config."""
+                attn_implementation: str = "sdpa", casing_types: bool = False) -> torch.nn.Module:
+    """Pretrained encoder with a fresh token-classification head; labels live in its config. `casing_types`:
+    room for encode.CASING_TYPES token types."""
     path = resolve_model_path(name)
     id2label = dict(enumerate(label_list))
     label2id = {label: i for i, label in id2label.items()}
     try:
         config = AutoConfig.from_pretrained(path, num_labels=len(label_list), id2label=id2label,
                                             label2id=label2id, trust_remote_code=trust_remote_code)
-        return AutoModelForTokenClassification.from_pretrained(
+        model = AutoModelForTokenClassification.from_pretrained(
             path, config=config, trust_remote_code=trust_remote_code, attn_implementation=attn_implementation)
     except (OSError, ValueError) as exc:
         raise model_error(name, "the model", exc) from None
+    if casing_types:
+        widen_token_types(model, CASING_TYPES)
+    return model
+
+
+def widen_token_types(model: torch.nn.Module, count: int) -> None:
+    """`count` token types, each starting as the encoder's type 0, so training begins from the encoder as it
+    was (and draws no random numbers: the head's initialisation and dropout masks stay as without casing)."""
+    old = model.base_model.embeddings.token_type_embeddings.weight.detach()
+    model.base_model.embeddings.token_type_embeddings = torch.nn.Embedding(
+        count, old.shape[1], _weight=old[:1].repeat(count, 1).clone())
+    model.config.type_vocab_size = count
+
+
+def lowercases(tokenizer) -> bool:
+    """Whether the tokenizer folds case (an uncased vocabulary): then the encoder never sees it."""
+    return tokenizer("Paris", add_special_tokens=False)["input_ids"] == tokenizer("paris", add_special_tokens=False)[
+        "input_ids"]
+
+
+def takes_token_types(name: str, tokenizer, trust_remote_code: bool = False) -> bool:
+    config = AutoConfig.from_pretrained(resolve_model_path(name), trust_remote_code=trust_remote_code)
+    return "token_type_ids" in tokenizer.model_input_names and getattr(config, "type_vocab_size", 0) >= 1
 
 
 def layer_depth(name: str, num_layers: int) -> int:

@@ -24,7 +24,14 @@ from ner import checkpoint as ckpt
 from ner.averaging import WeightAverage
 from ner.backends import Backend
 from ner.batching import TokenBudgetBatchSampler
-from ner.config import TrainConfig, resolve_auto, resolve_context, tokenization_cache_dir, with_sample_data
+from ner.config import (
+    TrainConfig,
+    resolve_auto,
+    resolve_casing,
+    resolve_context,
+    tokenization_cache_dir,
+    with_sample_data,
+)
 from ner.data import (
     Columns,
     build_label_list,
@@ -41,7 +48,15 @@ from ner.hooks import RunHooks
 from ner.infer import EvalSet, build_eval_set, evaluate, predict_tags
 from ner.loop import TrainState, fit, updates_in_epoch
 from ner.metrics import format_scores
-from ner.model import build_model, build_optimizer, build_scheduler, encoder_hidden_size, load_tokenizer
+from ner.model import (
+    build_model,
+    build_optimizer,
+    build_scheduler,
+    encoder_hidden_size,
+    load_tokenizer,
+    lowercases,
+    takes_token_types,
+)
 from ner.plot import write_plots
 
 log = logging.getLogger("ner")
@@ -94,20 +109,20 @@ def read_data(cfg: TrainConfig) -> Splits:
                        cfg.data_format, cfg.span_alignment)
 
 
-def prepare_data(cfg: TrainConfig, splits: Splits) -> Prepared:
+def prepare_data(cfg: TrainConfig, splits: Splits, tokenizer) -> Prepared:
     """Check and encode every input before anything is written (bad input leaves no trace)."""
     label_list = build_label_list(splits.train)
     label2id = {label: i for i, label in enumerate(label_list)}
     for examples in (splits.validation, splits.test):
         if examples is not None:
             check_known_labels(examples, label2id)
-    tokenizer = load_tokenizer(cfg.model, cfg.trust_remote_code)
     limit = getattr(tokenizer, "model_max_length", 512) or 512
     if cfg.max_seq_length > min(limit, 100_000):
         raise UserError(f"--max-seq-length {cfg.max_seq_length} exceeds what {cfg.model} supports ({limit})")
     encode = partial(cached_encode, tokenizer=tokenizer, label2id=label2id, max_seq_length=cfg.max_seq_length,
                      stride_words=cfg.window_stride_words, label_all_subwords=cfg.label_all_subwords,
                      context=cfg.context == "document", context_tokens=cfg.context_tokens,
+                     casing=cfg.casing == "types",
                      cache_dir=tokenization_cache_dir(cfg.tokenization_cache))
     eval_features = {name: encode(examples) for name, examples in (("validation", splits.validation),
                                                                     ("test", splits.test)) if examples is not None}
@@ -191,7 +206,9 @@ def run(cfg: TrainConfig, backend: Backend) -> dict:
     seed_everything(cfg.seed)
     splits = read_data(cfg)
     cfg = resolve_context(cfg, has_documents(splits.train))
-    data = prepare_data(cfg, splits)
+    tokenizer = load_tokenizer(cfg.model, cfg.trust_remote_code)
+    cfg = resolve_casing(cfg, lowercases(tokenizer), takes_token_types(cfg.model, tokenizer, cfg.trust_remote_code))
+    data = prepare_data(cfg, splits, tokenizer)
     if cfg.early_stopping_patience and "validation" not in data.eval_features:
         raise UserError("--early-stopping-patience needs validation data: pass --validation-file (or a --dataset "
                         "with a validation split)")
@@ -204,7 +221,8 @@ def run(cfg: TrainConfig, backend: Backend) -> dict:
                        device_type=backend.device.type)
     sampler = train_sampler(cfg, data, world)
     data.eval_sets = batch_eval_sets(cfg, data)
-    model = build_model(cfg.model, data.label_list, cfg.trust_remote_code, cfg.attn_implementation)
+    model = build_model(cfg.model, data.label_list, cfg.trust_remote_code, cfg.attn_implementation,
+                        casing_types=cfg.casing == "types")
     model.to(backend.device)
     optimizer = build_optimizer(model, cfg.learning_rate, cfg.weight_decay, cfg.optimizer_impl, cfg.layer_lr_decay)
     # A private generator: creating a DataLoader iterator draws a seed from it, and drawing from

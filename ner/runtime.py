@@ -43,12 +43,14 @@ class TorchRuntime:
         self.model, self.device, self.autocast = model, device, autocast
         self.num_labels = model.config.num_labels
 
-    def __call__(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+    def __call__(self, input_ids: np.ndarray, attention_mask: np.ndarray,
+                 token_type_ids: np.ndarray | None = None) -> np.ndarray:
         import torch
 
+        inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
         with torch.no_grad(), self.autocast():
-            logits = self.model(input_ids=torch.from_numpy(input_ids).to(self.device),
-                                attention_mask=torch.from_numpy(attention_mask).to(self.device)).logits
+            logits = self.model(**{k: torch.from_numpy(v).to(self.device) for k, v in inputs.items()
+                                   if v is not None}).logits
         return logits.float().cpu().numpy()
 
 
@@ -61,8 +63,10 @@ class OnnxRuntime:
         self.num_labels = num_labels
         self.rows_per_forward = rows_per_forward
 
-    def __call__(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
-        return self.session.run(["logits"], {"input_ids": input_ids, "attention_mask": attention_mask})[0]
+    def __call__(self, input_ids: np.ndarray, attention_mask: np.ndarray,
+                 token_type_ids: np.ndarray | None = None) -> np.ndarray:
+        inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
+        return self.session.run(["logits"], {k: v for k, v in inputs.items() if v is not None})[0]
 
 
 def onnx_path(model_dir: Path, runtime: str) -> Path:

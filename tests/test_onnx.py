@@ -156,8 +156,12 @@ def test_a_graph_wrong_only_at_another_shape_is_refused(exported, tmp_path, monk
 def test_check_shapes_differ_from_the_traced_batch(exported):
     from transformers import AutoTokenizer
 
-    batches = export_onnx.check_batches(AutoTokenizer.from_pretrained(exported))
+    batches = export_onnx.check_batches(AutoTokenizer.from_pretrained(exported), casing=True)
     shapes = [b["input_ids"].shape for b in batches]
+    types = batches[0]["token_type_ids"]  # the traced batch: casing types at each word's subwords
+    assert types[0, 1] == 1 and types[7, 1] == 2 and types[4, 2] == 0  # Angela, EU, happened; [CLS] is 0
+    assert types[:, 0].tolist() == [0] * len(types)
+    assert "token_type_ids" not in export_onnx.check_batches(AutoTokenizer.from_pretrained(exported), casing=False)[0]
     assert shapes[0][0] == len(export_onnx.CHECK_SENTENCES) and len(set(shapes)) == len(shapes)
     assert len({shape[1] for shape in shapes}) == len(shapes)  # other batch sizes and other widths
     assert not batches[1]["attention_mask"].all()  # padded rows of different lengths

@@ -1,8 +1,7 @@
 """Resumable checkpoints: written atomically, verified by a manifest, rotated safely.
 
 Layout of `OUTPUT_DIR/checkpoints/step_<N>/`:
-    model/              config.json (labels), model.safetensors, tokenizer files; with --ema-decay the average
-    training_weights.safetensors  with --ema-decay: the weights training goes on from (model/ holds the average)
+    model/              config.json (labels), model.safetensors, tokenizer files
     optimizer.pt        optimizer state (tensors and numbers only: loads with weights_only=True)
     scheduler.pt        LR scheduler state
     scaler.pt           fp16 gradient scaler state (loss scale, growth tracker), when there is one
@@ -24,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from ner.backends import Backend
 from ner.errors import UserError
@@ -47,10 +46,10 @@ RESUME_MAY_CHANGE = {"output_dir", "resume", "quiet", "logging_steps", "eval_ste
 # Not here: the early-stopping options. A checkpoint records the counter and whether the run
 # already stopped under the old values, so new ones would give a run that no single setting gives.
 # Options added after checkpoints were first written: a checkpoint without one ran with this value.
-ADDED_LATER = {"casing": "none", "ema_decay": 0.0, "layer_lr_decay": 1.0, "pad_to_multiple_of": 1, "context": "none", "context_tokens": 0,
-               "document_column": "document", "decode": "argmax", "early_stopping_patience": 0, "early_stopping_threshold": 0.0}
+ADDED_LATER = {"casing": "none", "pad_to_multiple_of": 1, "context": "none", "context_tokens": 0,
+               "document_column": "document", "decode": "argmax", "early_stopping_patience": 0,
+               "early_stopping_threshold": 0.0}
 SCALER = "scaler.pt"
-TRAINING_WEIGHTS = "training_weights.safetensors"
 
 
 def checkpoint_root(output_dir: Path) -> Path:
@@ -89,9 +88,8 @@ def set_rng_state(state: dict) -> None:
 
 
 def save_checkpoint(backend: Backend, output_dir: Path, step: int, model, tokenizer, optimizer, scheduler,
-                    trainer_state: dict, training_weights: dict | None = None) -> Path:
-    """Collective: every rank calls it. Returns the final folder. `training_weights`: with weight averaging,
-    the weights training goes on from (the model then holds the average)."""
+                    trainer_state: dict) -> Path:
+    """Collective: every rank calls it. Returns the final folder."""
     root = checkpoint_root(output_dir)
     tmp = root / f".tmp-step_{step}"
     final = root / f"step_{step}"
@@ -106,8 +104,6 @@ def save_checkpoint(backend: Backend, output_dir: Path, step: int, model, tokeni
         bare = backend.unwrap_model(model)
         bare.save_pretrained(tmp / "model", safe_serialization=True)
         tokenizer.save_pretrained(tmp / "model")
-        if training_weights is not None:
-            save_file({name: t.contiguous() for name, t in training_weights.items()}, tmp / TRAINING_WEIGHTS)
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
         torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
         if backend.grad_scaler is not None:  # the same on every rank: overflow is checked after the all-reduce
@@ -216,19 +212,16 @@ def check_compatible(saved: dict, config: dict, label_list: list[str], world_siz
                         + "\n  ".join(differences))
 
 
-def load_weights(backend: Backend, folder: Path, model, file: str = "model/model.safetensors") -> None:
-    weights = load_file(folder / file, device="cpu")
+def load_weights(backend: Backend, folder: Path, model) -> None:
+    weights = load_file(folder / "model" / "model.safetensors", device="cpu")
     missing, unexpected = backend.unwrap_model(model).load_state_dict(weights, strict=False)
     if missing or unexpected:
         raise UserError(f"{folder}: weights do not fit the model (missing {missing}, unexpected {unexpected})")
 
 
-def load_checkpoint(backend: Backend, folder: Path, model, optimizer, scheduler, average=None) -> dict:
-    """Restore weights (and their average), optimizer, scheduler and this rank's RNG; returns the trainer state."""
+def load_checkpoint(backend: Backend, folder: Path, model, optimizer, scheduler) -> dict:
+    """Restore weights, optimizer, scheduler and this rank's RNG; returns the trainer state."""
     load_weights(backend, folder, model)
-    if average is not None:
-        average.load_from_model()
-        load_weights(backend, folder, model, TRAINING_WEIGHTS)
     optimizer.load_state_dict(torch.load(folder / "optimizer.pt", map_location="cpu", weights_only=True))
     scheduler.load_state_dict(torch.load(folder / "scheduler.pt", weights_only=True))
     load_scaler(backend, folder)

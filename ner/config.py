@@ -111,10 +111,6 @@ class TrainConfig:
     weight_decay: float = _opt(0.01, "AdamW decoupled weight decay (not on biases and LayerNorm)")
     lr_scheduler: str = _opt("linear", "decay after warmup", choices=("linear", "cosine", "constant"))
     max_grad_norm: float = _opt(1.0, "clip gradients to this global L2 norm; 0: no clipping")
-    layer_lr_decay: float = _opt(1.0, "layer-wise learning-rate decay: each encoder layer learns at this factor of "
-                                 "the one above it, the head at the full rate; 1: one rate for all")
-    ema_decay: float = _opt(0.0, "keep an exponential moving average of the weights with this decay per update "
-                            "and validate, checkpoint and export it; 0: the trained weights as they are")
     seed: int = _opt(42, "seed for weights of the new head, dropout and data order")
     decode: str = _opt("viterbi", "tags from per-word scores: viterbi (only sequences the tag scheme allows) "
                        "or argmax; used by evaluation here and by default by ner.predict / ner.evaluate",
@@ -162,10 +158,6 @@ class TrainConfig:
                 raise UserError(f"--{_flag(name)} must be zero or more (got {getattr(self, name)})")
         if not 0.0 <= self.warmup_ratio < 1.0:
             raise UserError(f"--warmup-ratio must be in [0, 1) (got {self.warmup_ratio})")
-        if not 0.0 < self.layer_lr_decay <= 1.0:
-            raise UserError(f"--layer-lr-decay must be in (0, 1], 1 for none (got {self.layer_lr_decay})")
-        if not 0.0 <= self.ema_decay < 1.0:
-            raise UserError(f"--ema-decay must be in [0, 1), 0 for none (got {self.ema_decay})")
         if self.learning_rate < 0:
             raise UserError(f"--learning-rate must be positive, or 0 for auto (got {self.learning_rate})")
         if self.num_epochs < 0:

@@ -127,8 +127,7 @@ HYPERPARAMETERS = (
     ("max_grad_norm", "gradient clipping (L2 norm)"), ("max_seq_length", "subword tokens per window"),
     ("label_all_subwords", "loss on every subword"), ("mixed_precision", "mixed precision"), ("seed", "seed"),
     ("early_stopping_patience", "early stopping patience (evaluations; 0: off)"), ("backend", "training backend"),
-    ("casing", "case as token types"), ("ema_decay", "weight average (EMA) decay; 0: off"),
-    ("layer_lr_decay", "layer-wise learning-rate decay; 1: off"))
+    ("casing", "case as token types"))
 HUB_ID = re.compile(r"([A-Za-z0-9][\w.-]*/)?[A-Za-z0-9][\w.-]*")  # `name` (legacy ids) or `org/name`
 
 

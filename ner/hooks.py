@@ -20,7 +20,6 @@ import torch
 from tqdm.auto import tqdm
 
 from ner import checkpoint as ckpt
-from ner.averaging import WeightAverage, averaged
 from ner.backends import Backend
 from ner.infer import predict_tags
 from ner.loop import TrainState
@@ -117,9 +116,8 @@ class TokenCounter:
 
 
 class RunHooks:
-    def __init__(self, cfg, backend: Backend, model, optimizer, scheduler, data, state: TrainState, total_steps: int,
-                 average: WeightAverage | None = None):
-        self.cfg, self.backend, self.data, self.average = cfg, backend, data, average
+    def __init__(self, cfg, backend: Backend, model, optimizer, scheduler, data, state: TrainState, total_steps: int):
+        self.cfg, self.backend, self.data = cfg, backend, data
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.is_main = backend.is_main_process
         self.bar = tqdm(total=total_steps, initial=state.global_step, desc="train", unit="step", dynamic_ncols=True,
@@ -142,11 +140,9 @@ class RunHooks:
         return tqdm(iterable, disable=not self.is_main or self.cfg.quiet, dynamic_ncols=True, **kwargs)
 
     def on_update(self, state: TrainState, loss: float, micro_batches: list[dict]) -> None:
-        if self.average is not None and state.skipped_steps[-1:] != [state.global_step]:
-            self.average.update()
         self.tokens.add(micro_batches)
         self.losses_since_log.append(loss)
-        lr = max(self.scheduler.get_last_lr())  # the head's rate, with --layer-lr-decay
+        lr = self.scheduler.get_last_lr()[0]
         self.bar.update(1)
         self.bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", refresh=False)
         if state.global_step % self.cfg.logging_steps == 0:
@@ -178,9 +174,8 @@ class RunHooks:
         eval_set = self.data.eval_sets.get("validation")
         if eval_set is None or self.cfg.no_eval:
             return None
-        with averaged(self.average):
-            predicted = predict_tags(self.model, eval_set, self.backend, self.data.tokenizer.pad_token_id,
-                                     self.data.decoder, self._progress)
+        predicted = predict_tags(self.model, eval_set, self.backend, self.data.tokenizer.pad_token_id,
+                                 self.data.decoder, self._progress)
         scores = entity_scores([e.tags for e in eval_set.examples], predicted, self.data.splits.scheme)
         state.eval_history.append({"step": state.global_step, "epoch": state.epoch, "scores": scores})
         self._write({"step": state.global_step, "epoch": state.epoch, "eval": scores})
@@ -211,13 +206,8 @@ class RunHooks:
         if self.last_saved and self.last_saved[0] == state.global_step:
             return self.last_saved[1]
         payload = trainer_state(self.cfg, state, self.data, self.backend.num_processes)
-        with averaged(self.average) as training_params:
-            training_weights = None
-            if training_params is not None:  # buffers too, so the file loads like model/ does
-                training_weights = {**self.backend.unwrap_model(self.model).state_dict(), **training_params}
-            folder = ckpt.save_checkpoint(self.backend, Path(self.cfg.output_dir), state.global_step, self.model,
-                                          self.data.tokenizer, self.optimizer, self.scheduler, payload,
-                                          training_weights)
+        folder = ckpt.save_checkpoint(self.backend, Path(self.cfg.output_dir), state.global_step, self.model,
+                                      self.data.tokenizer, self.optimizer, self.scheduler, payload)
         if self.is_main:
             ckpt.rotate(Path(self.cfg.output_dir), self.cfg.save_total_limit, state.best_step)
         self.backend.wait_for_everyone()

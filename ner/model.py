@@ -6,7 +6,6 @@ import importlib.util
 import logging
 import math
 import os
-import re
 from pathlib import Path
 
 import torch
@@ -113,32 +112,18 @@ def takes_token_types(name: str, tokenizer, trust_remote_code: bool = False) -> 
     return "token_type_ids" in tokenizer.model_input_names and getattr(config, "type_vocab_size", 0) >= 1
 
 
-def layer_depth(name: str, num_layers: int) -> int:
-    """0 for the embeddings, i + 1 for encoder layer i, num_layers + 1 for what sits on top (pooler, head)."""
-    found = re.search(r"\.layer\.(\d+)\.", name)
-    if found:
-        return int(found.group(1)) + 1
-    return 0 if "embeddings" in name else num_layers + 1
-
-
 def build_optimizer(model: torch.nn.Module, learning_rate: float, weight_decay: float,
-                    implementation: str = "fused", layer_lr_decay: float = 1.0) -> torch.optim.Optimizer:
-    """AdamW; biases and LayerNorm weights are not decayed (decay there only hurts). With layer_lr_decay < 1,
-    each layer below the head learns at that factor of the one above it (the embeddings least)."""
-    num_layers = getattr(getattr(model, "config", None), "num_hidden_layers", 0)
-    groups: dict[tuple[int, bool], list] = {}
+                    implementation: str = "fused") -> torch.optim.Optimizer:
+    """AdamW; biases and LayerNorm weights are not decayed (decay there only hurts)."""
+    decay, no_decay = [], []
     for name, param in model.named_parameters():
         if not param.requires_grad:
             continue
-        no_decay = param.ndim < 2 or "LayerNorm" in name or "layer_norm" in name
-        depth = layer_depth(name, num_layers) if layer_lr_decay != 1.0 else 0
-        groups.setdefault((depth, no_decay), []).append(param)
-    param_groups = [{"params": params, "weight_decay": 0.0 if no_decay else weight_decay,
-                     "lr": learning_rate * layer_lr_decay ** (num_layers + 1 - depth if layer_lr_decay != 1.0 else 0)}
-                    for (depth, no_decay), params in sorted(groups.items())]
+        (no_decay if param.ndim < 2 or "LayerNorm" in name or "layer_norm" in name else decay).append(param)
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     # foreach batches the per-tensor updates into a few kernels; fused does the whole step in one.
     flags = {"foreach": {"foreach": True}, "fused": {"fused": True}, "for-loop": {"foreach": False}}[implementation]
-    return torch.optim.AdamW(param_groups, lr=learning_rate, **flags)
+    return torch.optim.AdamW(groups, lr=learning_rate, **flags)
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, kind: str, total_steps: int, warmup_ratio: float):

@@ -21,7 +21,6 @@ import torch
 from torch.utils.data import DataLoader
 
 from ner import checkpoint as ckpt
-from ner.averaging import WeightAverage
 from ner.backends import Backend
 from ner.batching import TokenBudgetBatchSampler
 from ner.config import (
@@ -224,7 +223,7 @@ def run(cfg: TrainConfig, backend: Backend) -> dict:
     model = build_model(cfg.model, data.label_list, cfg.trust_remote_code, cfg.attn_implementation,
                         casing_types=cfg.casing == "types")
     model.to(backend.device)
-    optimizer = build_optimizer(model, cfg.learning_rate, cfg.weight_decay, cfg.optimizer_impl, cfg.layer_lr_decay)
+    optimizer = build_optimizer(model, cfg.learning_rate, cfg.weight_decay, cfg.optimizer_impl)
     # A private generator: creating a DataLoader iterator draws a seed from it, and drawing from
     # the global RNG instead would shift dropout masks after a mid-epoch resume.
     loader = DataLoader(data.train_features, batch_sampler=sampler, generator=torch.Generator(),
@@ -234,27 +233,23 @@ def run(cfg: TrainConfig, backend: Backend) -> dict:
     total_steps, num_epochs = plan_epochs(sampler, cfg, backend.num_processes)
     scheduler = build_scheduler(optimizer, cfg.lr_scheduler, total_steps, cfg.warmup_ratio)
     state = TrainState()
-    average = WeightAverage(backend.unwrap_model(model), cfg.ema_decay) if cfg.ema_decay else None
     if resume_from is not None:
         saved = ckpt.read_state(resume_from)
         ckpt.check_compatible(saved, cfg.to_dict(), data.label_list, backend.num_processes, resume_from)
-        state = TrainState(**ckpt.load_checkpoint(backend, resume_from, model, optimizer, scheduler,
-                                                  average)["train_state"])
-        if average is not None:
-            average.updates = state.global_step - len(state.skipped_steps)
+        state = TrainState(**ckpt.load_checkpoint(backend, resume_from, model, optimizer, scheduler)["train_state"])
         log.info("resumed from %s (step %d, epoch %d, batch %d)", resume_from, state.global_step, state.epoch,
                  state.batches_done)
     claim_output_dir(cfg, backend)
     if cfg.report_to != "none" and cfg.backend != "accelerate":
         log.warning("--report-to %s works through Accelerate's trackers; with --%s only metrics.jsonl is written",
                     cfg.report_to, cfg.backend)
-    hooks = RunHooks(cfg, backend, model, optimizer, scheduler, data, state, total_steps, average)
+    hooks = RunHooks(cfg, backend, model, optimizer, scheduler, data, state, total_steps)
     fit(model, optimizer, scheduler, loader, backend, state, total_steps, num_epochs,
         cfg.gradient_accumulation_steps, cfg.max_grad_norm, hooks)
     hooks.close()
     hooks.on_train_end(state, f"reached --max-steps {total_steps}" if num_epochs is None
                        else f"completed {num_epochs} epochs ({state.global_step} updates)")
-    return finish(cfg, backend, model, data, state, hooks, average)
+    return finish(cfg, backend, model, data, state, hooks)
 
 
 def write_validation_predictions(cfg: TrainConfig, backend: Backend, model: torch.nn.Module, data: Prepared,
@@ -272,9 +267,8 @@ def write_validation_predictions(cfg: TrainConfig, backend: Backend, model: torc
 
 
 def finish(cfg: TrainConfig, backend: Backend, model: torch.nn.Module, data: Prepared, state: TrainState,
-           hooks: RunHooks, average: WeightAverage | None = None) -> dict:
-    """Final checkpoint, best weights back in (the average, with --ema-decay), test score, export to
-    OUTPUT_DIR/final."""
+           hooks: RunHooks) -> dict:
+    """Final checkpoint, best weights back in, test score, export to OUTPUT_DIR/final."""
     if not state.eval_history or state.eval_history[-1]["step"] != state.global_step:
         hooks.evaluate(state, can_stop=False)  # --max-steps can stop between scheduled evaluations
     last = hooks.save(state)
@@ -283,8 +277,6 @@ def finish(cfg: TrainConfig, backend: Backend, model: torch.nn.Module, data: Pre
     if source != last:
         ckpt.load_weights(backend, source, model)
         log.info("best validation F1 %.2f at step %d: exporting that model", state.best_f1 * 100, state.best_step)
-    elif average is not None:
-        average.apply()  # what the last checkpoint's model/ holds
     metrics = {"validation": hooks.best_scores(), "best_step": state.best_step, "global_step": state.global_step,
                "train_loss_last": state.step_losses[-1] if state.step_losses else None,
                "stop_reason": state.stop_reason}

@@ -27,9 +27,7 @@ def outcome(out_dir) -> dict:
     state = read_state(last)["train_state"]
     return {"losses": state["step_losses"], "batches": state["step_batches"], "step": state["global_step"],
             "lr": torch.load(last / "scheduler.pt", weights_only=True)["_last_lr"],
-            "weights": load_file(last / "model" / "model.safetensors"),
-            "training_weights": load_file(last / ckpt.TRAINING_WEIGHTS) if (last / ckpt.TRAINING_WEIGHTS).exists()
-            else {}}
+            "weights": load_file(last / "model" / "model.safetensors")}
 
 
 def assert_same_run(a: dict, b: dict) -> None:
@@ -38,13 +36,10 @@ def assert_same_run(a: dict, b: dict) -> None:
     assert a["losses"] == b["losses"]  # bit-exact, not approximately
     assert a["lr"] == b["lr"]
     assert all(torch.equal(a["weights"][k], b["weights"][k]) for k in a["weights"])
-    assert a["training_weights"].keys() == b["training_weights"].keys()
-    assert all(torch.equal(a["training_weights"][k], b["training_weights"][k]) for k in a["training_weights"])
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend_flags", [[], ["--raw-ddp"], ["--ema-decay", "0.9"]],
-                         ids=["accelerate", "raw-ddp", "averaged"])
+@pytest.mark.parametrize("backend_flags", [[], ["--raw-ddp"]], ids=["accelerate", "raw-ddp"])
 def test_sigkill_mid_epoch_then_resume_is_bit_exact(tiny_bert, tiny_data, tmp_path, backend_flags):
     args = ["--save-steps", "5", "--save-total-limit", "0", "--num-epochs", "3", *backend_flags]
     reference = run_cli(python_module("ner.train", *tiny_args(tiny_bert, tiny_data, tmp_path / "ref", *args)))

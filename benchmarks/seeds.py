@@ -75,9 +75,12 @@ def summarise(runs: list[dict], key: str = "scores") -> dict:
         scored = [r[key][split] for r in runs if r[key].get(split)]
         if not scored:
             continue
-        types = sorted(scored[0]["per_type"])
+        # seqeval reports a type that is in the gold tags or in the predictions, so a type no run's gold holds
+        # appears only in the runs that predicted it: each type over the runs that report it (n says how many)
+        types = sorted(set().union(*(s["per_type"] for s in scored)))
         summary[split] = {"f1": mean_std([s["f1"] * 100 for s in scored]),
-                          "per_type": {t: mean_std([s["per_type"][t]["f1"] * 100 for s in scored]) for t in types}}
+                          "per_type": {t: mean_std([s["per_type"][t]["f1"] * 100 for s in scored
+                                                    if t in s["per_type"]]) for t in types}}
     return summary
 
 

@@ -277,3 +277,16 @@ def test_the_package_lists_every_entry_point_and_libraries_have_none():
     entry_points = [m for m in modules if hasattr(importlib.import_module(f"benchmarks.{m}"), "main")]
     assert sorted(entry_points) == sorted(ENTRY_POINTS) and set(modules) - set(entry_points) == {"measure", "report"}
     assert all(f"python -m benchmarks.{m} " in benchmarks.__doc__ for m in ENTRY_POINTS)
+
+
+def test_seed_summary_takes_each_type_over_the_runs_that_report_it():
+    """seqeval reports a type with no gold entities only in a run that predicted it (ATIS's rare slots)."""
+    from benchmarks.seeds import summarise
+
+    def run(f1: float, per_type: dict) -> dict:
+        return {"scores": {"test": {"f1": f1, "per_type": {t: {"f1": v} for t, v in per_type.items()}}}}
+
+    summary = summarise([run(0.9, {"A": 0.9}), run(0.8, {"A": 0.7, "B": 0.0})])["test"]
+    assert summary["f1"]["mean"] == pytest.approx(85.0)
+    assert summary["per_type"]["A"]["mean"] == pytest.approx(80.0) and summary["per_type"]["A"]["n"] == 2
+    assert summary["per_type"]["B"] == {"mean": 0.0, "std": 0.0, "n": 1}

@@ -46,7 +46,7 @@ RESUME_MAY_CHANGE = {"output_dir", "resume", "quiet", "logging_steps", "eval_ste
 # Not here: the early-stopping options. A checkpoint records the counter and whether the run
 # already stopped under the old values, so new ones would give a run that no single setting gives.
 # Options added after checkpoints were first written: a checkpoint without one ran with this value.
-ADDED_LATER = {"casing": "none", "pad_to_multiple_of": 1, "context": "none", "context_tokens": 0,
+ADDED_LATER = {"casing": "none", "casing_dropout": 0.0, "pad_to_multiple_of": 1, "context": "none", "context_tokens": 0,
                "document_column": "document", "decode": "argmax", "early_stopping_patience": 0,
                "early_stopping_threshold": 0.0}
 SCALER = "scaler.pt"

@@ -78,6 +78,9 @@ class TrainConfig:
         "auto", "give the model each word's case as a token type (none / capital first letter / all capitals); "
         "auto: types for an encoder that lower-cases its input and takes token types (the packaged MiniLM, "
         "bert-base-uncased), else none", choices=CASINGS)
+    casing_dropout: float = _opt(
+        0.2, "with casing types, the share of training windows shown without case (every type 0), so the model "
+        "also tags text whose case it is not given, as in a plain transformers pipeline")
     label_all_subwords: bool = _opt(False, "train on every subword, not only the first of each word")
     # model
     model: str = _opt(DEFAULT_MODEL, "hub id or local folder of a pretrained encoder (MiniLM is packaged offline)")
@@ -156,6 +159,8 @@ class TrainConfig:
         for name in non_negative:
             if getattr(self, name) < 0:
                 raise UserError(f"--{_flag(name)} must be zero or more (got {getattr(self, name)})")
+        if not 0.0 <= self.casing_dropout <= 1.0:
+            raise UserError(f"--casing-dropout must be in [0, 1] (got {self.casing_dropout})")
         if not 0.0 <= self.warmup_ratio < 1.0:
             raise UserError(f"--warmup-ratio must be in [0, 1) (got {self.warmup_ratio})")
         if self.learning_rate < 0:

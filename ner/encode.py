@@ -16,6 +16,7 @@ Positions carry the word's *flat* index (its offset among all words of all examp
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass
@@ -185,6 +186,16 @@ def _window_feature(pieces, tag_ids, window, example_index, tokenizer, continuat
     if casing_types is not None:  # every subword of a word carries the word's type
         types = [0] + [casing_types[w] for w in range(start, end) for _ in pieces[w]] + [0]
     return Feature(input_ids, labels, word_index, example_index, types)
+
+
+def drop_casing(features: list[Feature], share: float, seed: int) -> list[Feature]:
+    """A seeded `share` of the windows with every casing type 0 (what a model is given where case is unknown);
+    the same windows every epoch and on every rank. Its own generator: the run's other random draws stay."""
+    if share <= 0 or not features or features[0].token_type_ids is None:
+        return features
+    dropped = np.random.default_rng(seed).random(len(features)) < share
+    return [dataclasses.replace(f, token_type_ids=[0] * len(f.input_ids)) if drop else f
+            for f, drop in zip(features, dropped)]
 
 
 def _continuation_labels(label2id: dict[str, int]) -> dict[int, int]:

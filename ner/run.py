@@ -39,7 +39,7 @@ from ner.data import (
     write_predictions,
 )
 from ner.decode import Decoder
-from ner.encode import cached_encode, collate_tensors, padded_lengths
+from ner.encode import cached_encode, collate_tensors, drop_casing, padded_lengths
 from ner.errors import UserError
 from ner.export import export_checkpoint, is_export
 from ner.formats import Splits, load_splits
@@ -128,7 +128,11 @@ def prepare_data(cfg: TrainConfig, splits: Splits, tokenizer) -> Prepared:
     log.info("data: %d train sentences, tag scheme %s, %d labels: %s", len(splits.train), splits.scheme,
              len(label_list), " ".join(label_list))
     decoder = Decoder(tuple(label_list), splits.scheme, cfg.decode)
-    return Prepared(splits, label_list, tokenizer, encode(splits.train), eval_features, decoder)
+    train_features = drop_casing(encode(splits.train), cfg.casing_dropout, cfg.seed)
+    if cfg.casing == "types" and cfg.casing_dropout:
+        log.info("--casing-dropout %g: %d of %d training windows without case", cfg.casing_dropout,
+                 sum(not any(f.token_type_ids) for f in train_features), len(train_features))
+    return Prepared(splits, label_list, tokenizer, train_features, eval_features, decoder)
 
 
 def batch_eval_sets(cfg: TrainConfig, data: Prepared) -> dict[str, EvalSet]:

@@ -73,6 +73,7 @@ def cased_run(tiny_bert, tiny_data, tmp_path_factory):
                                                            "--learning-rate", "3e-3")))
     assert result.returncode == 0, result.stderr[-2000:]
     assert "--casing auto: types" in result.stderr
+    assert "--casing-dropout 0.2: " in result.stderr and "training windows without case" in result.stderr
     return out / "final"
 
 
@@ -90,3 +91,19 @@ def test_the_export_records_casing_and_inference_passes_the_types(cased_run):
     tagger.settings = dataclasses.replace(tagger.settings, casing="none")
     _, without = tagger.tag(examples)
     assert not all((a == b).all() for a, b in zip(with_types, without))  # the types reach the model
+
+
+def test_casing_dropout_blanks_a_seeded_share_of_windows_and_nothing_else(tiny_bert):
+    from ner.encode import drop_casing
+
+    tokenizer = load_tokenizer(str(tiny_bert))
+    examples = [Example(["Ada", "met", "Bob", "in", "Rome", str(i)], ["O"] * 6, "t") for i in range(400)]
+    features = encode_examples(examples, tokenizer, {"O": 0}, 32, casing=True)
+    dropped = drop_casing(features, 0.2, seed=7)
+    blank = [i for i, f in enumerate(dropped) if not any(f.token_type_ids)]
+    assert 50 < len(blank) < 110  # about a fifth of 400
+    assert all(dropped[i].token_type_ids == features[i].token_type_ids for i in range(400) if i not in blank)
+    assert all(dropped[i].input_ids == features[i].input_ids for i in range(400))
+    assert [f.token_type_ids for f in drop_casing(features, 0.2, seed=7)] == [f.token_type_ids for f in dropped]
+    assert drop_casing(features, 0.0, seed=7) == features
+    assert any(any(features[i].token_type_ids) for i in blank)  # they had case to lose

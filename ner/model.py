@@ -64,13 +64,17 @@ def load_tokenizer(name: str, trust_remote_code: bool = False):
     return tokenizer
 
 
-def encoder_hidden_size(name: str, trust_remote_code: bool = False) -> int:
-    """The encoder's width, read from its config alone (auto values depend on it)."""
+def encoder_config(name: str, trust_remote_code: bool = False):
+    """The encoder's config alone, without its weights; a one-line error if it cannot be read."""
     try:
-        config = AutoConfig.from_pretrained(resolve_model_path(name), trust_remote_code=trust_remote_code)
+        return AutoConfig.from_pretrained(resolve_model_path(name), trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as exc:
         raise model_error(name, "the model config", exc) from None
-    return config.hidden_size
+
+
+def encoder_hidden_size(name: str, trust_remote_code: bool = False) -> int:
+    """The encoder's width (auto values depend on it)."""
+    return encoder_config(name, trust_remote_code).hidden_size
 
 
 def build_model(name: str, label_list: list[str], trust_remote_code: bool = False,
@@ -108,7 +112,7 @@ def lowercases(tokenizer) -> bool:
 
 
 def takes_token_types(name: str, tokenizer, trust_remote_code: bool = False) -> bool:
-    config = AutoConfig.from_pretrained(resolve_model_path(name), trust_remote_code=trust_remote_code)
+    config = encoder_config(name, trust_remote_code)
     return "token_type_ids" in tokenizer.model_input_names and getattr(config, "type_vocab_size", 0) >= 1
 
 

@@ -25,8 +25,8 @@ import torch
 
 from ner.encode import casing_type, model_inputs
 from ner.errors import UserError
-from ner.infer import ModelSettings
 from ner.files import staged_file
+from ner.infer import ModelSettings
 from ner.runtime import ONNX_FILES, onnx_session
 
 MAX_LOGIT_DIFF = 1e-3

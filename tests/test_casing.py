@@ -12,7 +12,7 @@ from conftest import python_module, run_cli, tiny_args
 
 from ner.config import TrainConfig, resolve_casing
 from ner.data import Example
-from ner.encode import collate, casing_type, encode_examples
+from ner.encode import casing_type, collate, encode_examples
 from ner.errors import UserError
 from ner.model import build_model, load_tokenizer, lowercases, takes_token_types, widen_token_types
 

@@ -65,7 +65,11 @@ def write_split(path: Path, queries: list[list[tuple[str, str]]], known: set[str
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, type=Path, help="folder for train.txt, valid.txt, test.txt")
+    parser.add_argument("--overwrite", action="store_true", help="replace train/valid/test.txt already in --out")
     args = parser.parse_args(argv)
+    existing = [args.out / f"{name}.txt" for name in ("train", "valid", "test") if (args.out / f"{name}.txt").exists()]
+    if existing and not args.overwrite:
+        sys.exit(f"error: {existing[0]} exists; nothing was written: pass --overwrite to replace it, or another --out")
     root = package_dir()
     train_dev = read_queries(root / "train_dev")
     if len(train_dev) != TRAIN_SENTENCES + DEV_SENTENCES:

@@ -116,3 +116,31 @@ def test_resume_restores_the_loss_scale_bit_exactly(tiny_bert, tiny_data, tmp_pa
     assert read_state(b)["train_state"]["skipped_steps"] == [3]
     weights_a, weights_b = (load_file(c / "model" / "model.safetensors") for c in (a, b))
     assert all(torch.equal(weights_a[k], weights_b[k]) for k in weights_a)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_accelerate_backend_sees_a_skipped_fused_update(fused):
+    """Accelerate's `step_was_skipped` says False when a fused AdamW skips an overflowing update (GradScaler
+    hands it found_inf; seen on an H200, where training defaults to fused): the backend reads the scale."""
+    from accelerate import Accelerator
+    from accelerate.optimizer import AcceleratedOptimizer
+    from accelerate.state import AcceleratorState
+
+    from ner.backends.hf_accelerate import AccelerateBackend
+
+    Accelerator(cpu=True)
+    try:
+        weight = torch.nn.Parameter(torch.ones(4))
+        scaler = torch.amp.GradScaler("cpu")
+        optimizer = AcceleratedOptimizer(torch.optim.AdamW([weight], lr=1e-3, fused=fused), device_placement=False,
+                                         scaler=scaler)
+        backend = object.__new__(AccelerateBackend)  # only its step: the accelerator's scaler is all it reads
+        backend.accelerator = type("Stub", (), {"scaler": scaler})()
+        scaler.scale((weight * float("inf")).sum()).backward()
+        assert backend.step(optimizer) is False
+        assert scaler.get_scale() == 32768.0 and torch.equal(weight.detach(), torch.ones(4))
+        optimizer.zero_grad()
+        scaler.scale(weight.sum()).backward()
+        assert backend.step(optimizer) is True
+    finally:
+        AcceleratorState._reset_state(True)

@@ -140,8 +140,15 @@ class AccelerateBackend:
         return self.accelerator.clip_grad_norm_(parameters, max_norm)  # unscales first under fp16
 
     def step(self, optimizer) -> bool:
-        optimizer.step()  # the prepared optimizer runs Accelerate's own GradScaler under fp16 on GPUs
-        return not optimizer.step_was_skipped
+        """The prepared optimizer runs Accelerate's own GradScaler under fp16 on GPUs. Its `step_was_skipped`
+        misses the skip of a fused optimizer (GradScaler hands it found_inf and it skips inside its own step,
+        so the step Accelerate watches is called): a loss scale that fell is the one sign every optimizer gives."""
+        scaler = self.accelerator.scaler
+        scale_before = scaler.get_scale() if scaler is not None else None
+        optimizer.step()
+        if scaler is None:
+            return not optimizer.step_was_skipped
+        return scaler.get_scale() >= scale_before
 
     @property
     def grad_scaler(self):

@@ -29,6 +29,17 @@ PLANS = {"sorted 64x8192": (64, 8192), "fixed 1 row": (1, 0), "fixed 64x128": (6
          "fixed 64x512": (64, 512), "fixed 64x8192": (64, 8192)}
 
 
+def plan_limits(plan: str) -> tuple[int, int]:
+    """(rows, tokens) of a named plan, or of any "fixed RxT" (GPU budgets: "fixed 2048x16384")."""
+    if plan in PLANS:
+        return PLANS[plan]
+    kind, _, size = plan.partition(" ")
+    rows, _, tokens = size.partition("x")
+    if kind != "fixed" or not (rows.isdigit() and tokens.isdigit()):
+        raise SystemExit(f"--plans {plan!r}: expected one of {', '.join(PLANS)} or 'fixed ROWSxTOKENS'")
+    return int(rows), int(tokens)
+
+
 def sorted_plan(features, pad_to_multiple_of, max_rows, max_tokens):
     """The plan before fixed shapes, for comparison."""
     from ner.batching import inference_batches
@@ -48,7 +59,7 @@ def timed_calls(call, inputs: list) -> tuple[list, float]:
 
 
 def measure(tagger, plan: str, texts: list[str], words: int, sample: int) -> dict:
-    rows, tokens = PLANS[plan]
+    rows, tokens = plan_limits(plan)
     predict = lambda batch: tagger.predict(batch, rows, tokens)  # noqa: E731
     baseline = plan.startswith("sorted")
     with mock.patch("ner.infer.fixed_shape_plan", sorted_plan) if baseline else contextlib.nullcontext():
@@ -75,19 +86,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit", type=int, default=2000, help="first N sentences only")
     parser.add_argument("--sample", type=int, default=300, help="texts also tagged alone")
     parser.add_argument("--precisions", nargs="+", default=["bf16", "no"])
-    parser.add_argument("--plans", nargs="+", choices=PLANS, default=list(PLANS))
+    parser.add_argument("--plans", nargs="+", default=list(PLANS), help=f"{', '.join(PLANS)} or 'fixed RxT'")
+    parser.add_argument("--runtime", default="torch", help="torch, onnx or onnx-int8 (ner.predict's --runtime)")
+    parser.add_argument("--json", type=Path, help="also write every row as JSON")
     args = parser.parse_args(argv)
+    for plan in args.plans:
+        plan_limits(plan)
     from ner.infer import Tagger
 
     texts, _, words = sentence_texts(args.conll, args.limit)
     print("| precision | plan (rows x tokens) | corpus words/s | 1 text (ms, median) | 16 texts (ms, median) | "
           f"texts differing alone vs in corpus (of {args.sample}): output / entities |\n|---|---|---:|---:|---:|---:|")
+    rows = []
     for precision in args.precisions:
-        tagger = Tagger(args.model_dir, precision=precision)
+        tagger = Tagger(args.model_dir, precision=precision, runtime=args.runtime)
         for plan in args.plans:
             r = measure(tagger, plan, texts, words, args.sample)
+            rows.append({**r, "precision": precision, "runtime": args.runtime, "texts": len(texts),
+                         "texts_per_s": len(texts) / r["corpus_s"]})
             print(f"| {precision} | {plan} | {r['words_per_s']:.0f} | {r['lone_ms']:.1f} | {r['mix16_ms']:.1f} | "
                   f"{r['differ']} / {r['entities_differ']} |", flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1) + "\n")
     return 0
 
 

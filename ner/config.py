@@ -281,6 +281,17 @@ def resolve_casing(cfg: TrainConfig, lowercases: bool, takes_token_types: bool) 
 # and a lone text costs the whole budget. 512 tagged corpora fastest and lone texts within 3x of one row, in
 # bf16 and fp32 on CPU, against 8,192 (a lone text 33x slower) and one row a pass (docs/performance.md).
 INFERENCE_TOKENS_PER_FORWARD = 512
+# (windows, padded tokens) per inference forward pass by device type, where --batch-size / --max-tokens are not
+# given. A GPU runs a pass of 512 tokens no faster than one of thousands (kernel launches dominate), so it gets
+# a budget of its own, measured on an H200 (docs/performance.md, "On a GPU").
+INFERENCE_BUDGETS = {"cpu": (AUTO_SENTENCES_PER_BATCH * 2, INFERENCE_TOKENS_PER_FORWARD), "cuda": (1024, 8192)}
+
+
+def inference_budget(device_type: str, max_sentences: int | None = None,
+                     max_tokens: int | None = None) -> tuple[int, int]:
+    """(windows, padded tokens) per forward pass: what was given, else the device type's default."""
+    rows, tokens = INFERENCE_BUDGETS.get(device_type, INFERENCE_BUDGETS["cpu"])
+    return max_sentences or rows, tokens if max_tokens is None else max_tokens
 
 
 def inference_batch_limits(batch_size: int, max_tokens: int) -> tuple[int, int]:
@@ -289,8 +300,6 @@ def inference_batch_limits(batch_size: int, max_tokens: int) -> tuple[int, int]:
     INFERENCE_TOKENS_PER_FORWARD, the fixed-shape passes' measured best."""
     return batch_size * 2, min(max_tokens * 2, INFERENCE_TOKENS_PER_FORWARD) if max_tokens > 0 else 0
 
-
-DEFAULT_MAX_SENTENCES, DEFAULT_MAX_TOKENS = AUTO_SENTENCES_PER_BATCH * 2, INFERENCE_TOKENS_PER_FORWARD
 
 
 RUNTIMES = ("torch", "onnx", "onnx-int8")  # what computes the logits at inference (ner/runtime.py)
@@ -338,11 +347,12 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
 def add_inference_arguments(parser: argparse.ArgumentParser) -> None:
     """The model options plus batch limits, for the commands that tag files (ner.predict, ner.evaluate)."""
     add_model_arguments(parser)
-    parser.add_argument("--batch-size", type=int, default=DEFAULT_MAX_SENTENCES,
-                        help=f"windows per forward pass at most (default: {DEFAULT_MAX_SENTENCES})")
-    parser.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
+    budgets = "; ".join(f"{rows} / {tokens} on {kind}" for kind, (rows, tokens) in INFERENCE_BUDGETS.items())
+    parser.add_argument("--batch-size", type=int, default=None,
+                        help=f"windows per forward pass at most (default, with --max-tokens: {budgets})")
+    parser.add_argument("--max-tokens", type=int, default=None,
                         help="padded tokens per forward pass: every pass of padded width W has max_tokens // W rows "
-                             f"(at most --batch-size), whatever else is tagged (default: {DEFAULT_MAX_TOKENS})")
+                             "(at most --batch-size), whatever else is tagged (default: by device, as --batch-size)")
 
 
 def with_sample_data(cfg: TrainConfig) -> TrainConfig:

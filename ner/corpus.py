@@ -465,6 +465,16 @@ def merge_parts(out_dir: Path, plan: Plan) -> Path:
     return out_dir / MERGED
 
 
+def corpus_budget(args: argparse.Namespace, device_type: str) -> tuple[int, int]:
+    """--batch-size / --max-tokens, else the default of the device that runs the passes: resolved before the
+    manifest is written, so a resume on another device type is refused rather than mixing batch shapes."""
+    from ner.config import inference_budget
+    from ner.runtime import onnx_runs_on
+
+    runs_on = device_type if args.runtime == "torch" else onnx_runs_on(device_type)
+    return inference_budget(runs_on, args.batch_size, args.max_tokens)
+
+
 def check_corpus_args(args: argparse.Namespace) -> None:
     if args.pretokenized or args.conll:
         raise UserError("--output-dir tags raw text, --jsonl or parquet/datasets columns; "
@@ -486,6 +496,7 @@ def tag_corpus(args: argparse.Namespace) -> int:
     try:
         sources = expand_inputs([str(p) for p in args.inputs], args.jsonl, args.output_dir)
         precision = resolve_precision(args.mixed_precision, backend.device)
+        args.batch_size, args.max_tokens = corpus_budget(args, backend.device.type)
         plan_or_error: Plan | str | None = None
         if backend.is_main_process:
             try:
@@ -543,13 +554,11 @@ class RayTagger:
 
     def __init__(self, model_dir: str, text_column: str = "text", batch_size: int | None = None,
                  max_tokens: int | None = None, **tagger_options) -> None:
-        from ner.config import DEFAULT_MAX_SENTENCES, DEFAULT_MAX_TOKENS
         from ner.infer import Tagger
 
         self.tagger = Tagger(model_dir, **tagger_options)
         self.text_column = text_column
-        self.max_sentences = batch_size or DEFAULT_MAX_SENTENCES
-        self.max_tokens = DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens
+        self.max_sentences, self.max_tokens = batch_size, max_tokens  # None: the device's default (Tagger.tag)
 
     def __call__(self, batch: dict) -> dict:
         import numpy as np

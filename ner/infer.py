@@ -27,12 +27,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ner.config import (
-    DEFAULT_MAX_SENTENCES,
-    DEFAULT_MAX_TOKENS,
     RUNTIMES,
     TrainConfig,
     check_max_seq_length,
     inference_batch_limits,
+    inference_budget,
 )
 from ner.data import Example, scheme_of_labels
 from ner.decode import Decoder
@@ -259,10 +258,11 @@ class Tagger:
             return self.settings.context == "document" and any(e.document is not None for e in examples)
         return self.context == "document"
 
-    def tag(self, examples: list[Example], max_sentences: int = DEFAULT_MAX_SENTENCES,
-            max_tokens: int = DEFAULT_MAX_TOKENS,
+    def tag(self, examples: list[Example], max_sentences: int | None = None, max_tokens: int | None = None,
             progress: Progress = no_progress) -> tuple[list[list[str]], list[np.ndarray]]:
-        """(tags, per-word probabilities of those tags) for each example, batched by length."""
+        """(tags, per-word probabilities of those tags) for each example, batched by length; batch limits not
+        given: the default of the device the runtime runs on (config.inference_budget)."""
+        max_sentences, max_tokens = inference_budget(self.runtime.device_type, max_sentences, max_tokens)
         placeholder = {label: 0 for label in {t for e in examples for t in e.tags}}  # gold tags are not needed
         features = encode_examples(examples, self.tokenizer, placeholder, self.max_seq_length,
                                    self.settings.window_stride_words, context=self.uses_context(examples),
@@ -274,8 +274,8 @@ class Tagger:
                                                progress, self.pad_to_multiple_of)
         return self.decoder(merge_predictions(examples, word_ids, scores))
 
-    def predict(self, texts: list[str], max_sentences: int = DEFAULT_MAX_SENTENCES,
-                max_tokens: int = DEFAULT_MAX_TOKENS, progress: Progress = no_progress,
+    def predict(self, texts: list[str], max_sentences: int | None = None,
+                max_tokens: int | None = None, progress: Progress = no_progress,
                 splitter: Callable[[str], list[Word]] = split_words,
                 words: list[list[Word]] | None = None) -> list[dict]:
         """{"entities": [{"text", "type", "start", "end", "score"}]} per raw text; offsets are characters

@@ -42,6 +42,7 @@ class TorchRuntime:
     def __init__(self, model: torch.nn.Module, device: torch.device, autocast: Callable) -> None:
         self.model, self.device, self.autocast = model, device, autocast
         self.num_labels = model.config.num_labels
+        self.device_type = device.type  # what runs the passes: picks the default batch budget (ner.config)
 
     def __call__(self, input_ids: np.ndarray, attention_mask: np.ndarray,
                  token_type_ids: np.ndarray | None = None) -> np.ndarray:
@@ -61,6 +62,8 @@ class OnnxRuntime:
     def __init__(self, path: Path, num_labels: int, device_type: str = "cpu", rows_per_forward: int | None = None):
         self.session = onnx_session(path, device_type)
         self.num_labels = num_labels
+        gpu_types = {provider: kind for kind, provider in GPU_PROVIDERS.items()}
+        self.device_type = gpu_types.get(self.session.get_providers()[0], "cpu")  # the CPU where no GPU provider
         self.rows_per_forward = rows_per_forward
 
     def __call__(self, input_ids: np.ndarray, attention_mask: np.ndarray,
@@ -97,6 +100,16 @@ def onnx_device_type(device: str | None) -> str:
 
 # onnxruntime's accelerated providers, by torch device type (dictionary keys: the device comes from the backend)
 GPU_PROVIDERS = {"cuda": "CUDAExecutionProvider"}
+
+
+def onnx_runs_on(device_type: str) -> str:
+    """The device type an ONNX session asked for `device_type` runs its passes on: the CPU where onnxruntime
+    lacks the GPU provider."""
+    try:
+        import onnxruntime
+    except ImportError:
+        return "cpu"  # onnx_session says what to install
+    return device_type if GPU_PROVIDERS.get(device_type) in onnxruntime.get_available_providers() else "cpu"
 
 
 def onnx_providers(available: list[str], device_type: str) -> list[str]:

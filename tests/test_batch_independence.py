@@ -114,3 +114,23 @@ def test_predict_gives_a_line_the_same_output_in_two_files(random_model, tmp_pat
         outputs[name] = capsys.readouterr().out.splitlines()
         assert len(outputs[name]) == len(lines)
     assert outputs["b.txt"][0::2] == outputs["a.txt"][:len(shared)][::-1]
+
+
+def test_batch_limits_not_given_are_the_budget_of_the_device_the_passes_run_on(random_model, monkeypatch):
+    """A GPU gets its own default budget (measured on an H200); given limits win; an unknown device gets the CPU's."""
+    from ner import infer
+    from ner.config import INFERENCE_BUDGETS, inference_budget
+
+    assert inference_budget("cuda") == INFERENCE_BUDGETS["cuda"] != INFERENCE_BUDGETS["cpu"]
+    assert inference_budget("mps") == inference_budget("cpu")
+    assert inference_budget("cuda", 8, 0) == (8, 0)  # 0: no token limit, as given
+    seen = []
+    real_plan = infer.fixed_shape_plan
+    monkeypatch.setattr(infer, "fixed_shape_plan", lambda f, pad, rows, tokens: seen.append((rows, tokens))
+                        or real_plan(f, pad, rows, tokens))
+    tagger = Tagger(random_model, precision="no")
+    tagger.predict(TEXTS[:2])
+    tagger.runtime.device_type = "cuda"  # as TorchRuntime sets it for a model on a GPU
+    tagger.predict(TEXTS[:2])
+    tagger.predict(TEXTS[:2], 16, 256)
+    assert seen == [INFERENCE_BUDGETS["cpu"], INFERENCE_BUDGETS["cuda"], (16, 256)]

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from conftest import PEOPLE, PLACES, python_module, run_cli
 
+from ner.config import INFERENCE_BUDGETS
 from ner.predict import main
 
 TEXTS = [f"{PEOPLE[i % len(PEOPLE)]} flew to {PLACES[i % len(PLACES)]} on day {i} ." for i in range(11)]
@@ -226,6 +227,9 @@ def test_the_manifest_records_model_settings_and_input(random_model, corpus, tmp
     manifest = json.loads((out / "manifest.json").read_text())
     assert "model.safetensors" in manifest["model"]["sha256"]
     assert manifest["settings"]["chunk_texts"] == 4096 and manifest["texts"] == 7
+    # the batch budget as resolved for the device (the CPU's tokens here; windows as given), so a resume on a GPU
+    # is refused, not mixed
+    assert (manifest["settings"]["batch_size"], manifest["settings"]["max_tokens"]) == (3, INFERENCE_BUDGETS["cpu"][1])
     assert manifest["inputs"][0]["files"][0]["size"] == corpus["first"].stat().st_size
     shutil.rmtree(out)
 

@@ -79,21 +79,66 @@ def encoder_hidden_size(name: str, trust_remote_code: bool = False) -> int:
 
 def build_model(name: str, label_list: list[str], trust_remote_code: bool = False,
                 attn_implementation: str = "sdpa", casing_types: bool = False) -> torch.nn.Module:
-    """Pretrained encoder with a fresh token-classification head; labels live in its config. `casing_types`:
-    room for encode.CASING_TYPES token types."""
+    """Pretrained encoder with a token-classification head for `label_list` (labels live in its config): a
+    fresh head, or, from a checkpoint that has one, its rows for the labels of the same name. `casing_types`:
+    room for encode.CASING_TYPES token types (an export that has them keeps them)."""
     path = resolve_model_path(name)
     id2label = dict(enumerate(label_list))
     label2id = {label: i for i, label in id2label.items()}
+    source = encoder_config(name, trust_remote_code)
+    headed = has_token_classification_head(source)
     try:
         config = AutoConfig.from_pretrained(path, num_labels=len(label_list), id2label=id2label,
                                             label2id=label2id, trust_remote_code=trust_remote_code)
         model = AutoModelForTokenClassification.from_pretrained(
-            path, config=config, trust_remote_code=trust_remote_code, attn_implementation=attn_implementation)
+            path, config=config, trust_remote_code=trust_remote_code, attn_implementation=attn_implementation,
+            ignore_mismatched_sizes=headed)  # another label set: its head is replaced, below row by row
     except (OSError, ValueError) as exc:
         raise model_error(name, "the model", exc) from None
-    if casing_types:
+    if headed:
+        keep_head_rows(model, load_head(path, trust_remote_code), source.id2label, label_list, name)
+    if casing_types and getattr(model.config, "type_vocab_size", 0) < CASING_TYPES:
         widen_token_types(model, CASING_TYPES)
     return model
+
+
+def has_token_classification_head(config) -> bool:
+    """A fine-tuned token-classification checkpoint (one of our exports, or a public NER model)."""
+    return any(arch.endswith("ForTokenClassification") for arch in getattr(config, "architectures", None) or [])
+
+
+def head_layer(model: torch.nn.Module, num_labels: int) -> torch.nn.Linear:
+    """The layer that scores the labels: the last Linear with one output per label (`classifier` in most
+    families; found by shape, so every family's naming works)."""
+    layers = [m for m in model.modules() if isinstance(m, torch.nn.Linear) and m.out_features == num_labels]
+    if not layers:
+        raise UserError(f"{type(model).__name__}: no layer with one output per label; pass an encoder instead")
+    return layers[-1]
+
+
+def load_head(path: str, trust_remote_code: bool) -> torch.nn.Linear:
+    """The checkpoint's own head, with its own labels."""
+    original = AutoModelForTokenClassification.from_pretrained(path, trust_remote_code=trust_remote_code)
+    return head_layer(original, original.config.num_labels)
+
+
+def keep_head_rows(model: torch.nn.Module, head: torch.nn.Linear, old_id2label: dict, label_list: list[str],
+                   name: str) -> None:
+    """Each label the checkpoint's head knows by name keeps its row (weights and bias); the others start new."""
+    old_rows = {label: int(i) for i, label in old_id2label.items()}
+    kept = [label for label in label_list if label in old_rows]
+    new_head = head_layer(model, len(label_list))
+    with torch.no_grad():
+        for i, label in enumerate(label_list):
+            if label in old_rows:
+                new_head.weight[i] = head.weight[old_rows[label]]
+                if new_head.bias is not None and head.bias is not None:
+                    new_head.bias[i] = head.bias[old_rows[label]]
+    fresh = [label for label in label_list if label not in old_rows]
+    dropped = [label for label in old_rows if label not in label_list]
+    log.info("--model %s has a token-classification head: kept the rows of %d of %d labels%s%s", name, len(kept),
+             len(label_list), f"; new: {', '.join(fresh)}" if fresh else "",
+             f"; its labels not in the data: {', '.join(dropped)}" if dropped else "")
 
 
 def widen_token_types(model: torch.nn.Module, count: int) -> None:

@@ -54,14 +54,34 @@ def model_error(name: str, what: str, exc: Exception) -> UserError:
 
 
 def load_tokenizer(name: str, trust_remote_code: bool = False):
+    """The encoder's fast tokenizer, giving pre-split words the pieces they get in running text: byte-level BPE
+    (RoBERTa, ModernBERT, GPT-2 style) loads without a space before each word unless asked, and the encoder
+    then sees word-initial pieces it never saw in pretraining. The setting is saved with the export."""
     path = resolve_model_path(name)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+        if not splits_words_as_running_text(tokenizer):
+            tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code, add_prefix_space=True)
+            log.info("--model %s: tokenizer loaded with add_prefix_space=True, so each word gets the pieces it has "
+                     "in running text", name)
     except (OSError, ValueError) as exc:
         raise model_error(name, "a tokenizer", exc) from None
     if not getattr(tokenizer, "is_fast", False):
         raise UserError(f"--model {name}: needs a fast tokenizer (word ids are used to align labels)")
+    if not splits_words_as_running_text(tokenizer):
+        log.warning("--model %s: its tokenizer gives words split beforehand other pieces than in running text; "
+                    "accuracy may suffer", name)
     return tokenizer
+
+
+PROBE_WORDS = ("Angela", "Merkel", "visited", "Paris", "2024", "U.S.")
+
+
+def splits_words_as_running_text(tokenizer, words: tuple[str, ...] = PROBE_WORDS) -> bool:
+    """Whether `words` split beforehand (is_split_into_words) get the pieces of each `" " + word` in running text."""
+    split = tokenizer(list(words), is_split_into_words=True, add_special_tokens=False)["input_ids"]
+    running = [i for word in words for i in tokenizer(" " + word, add_special_tokens=False)["input_ids"]]
+    return split == running
 
 
 def encoder_config(name: str, trust_remote_code: bool = False):

@@ -31,7 +31,7 @@ _TITLES = ("Mr|Mrs|Ms|Dr|Prof|St|Jr|Sr|Gen|Gov|Sen|Rep|Lt|Col|Capt|Sgt|Rev|Mt|Ft
 # Order matters: the first alternative that matches at a position wins.
 CONLL_PATTERN = re.compile(rf"""
       (?:https?://|www\.)[^\s<>"]*[^\s<>"'.,;:!?)\]}}]      # URL, trailing punctuation left off
-    | [\w.+-]+@\w[\w-]*(?:\.\w[\w-]*)+                       # e-mail address
+    | (?<![\w.+-])[\w.+-]+@\w[\w-]*(?:\.\w[\w-]*)+            # e-mail address, from where its run starts
     | (?:[^\W\d_]\.){{2,}}                                   # U.S., U.N., a.m.
     | (?:{_TITLES})\.(?=\s+\w)                                # St. Louis, Mr. Smith
     | [A-Z]\.(?=\s+[A-Z])                                     # an initial: M. Schumacher

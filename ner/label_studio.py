@@ -231,8 +231,14 @@ class Retrainer:
 
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
+        # The configured key goes to the configured address only; without LABEL_STUDIO_URL, /setup's address and
+        # token are taken together (remember), so no request can name where the server's own key is sent.
+        self.configured = bool(os.environ.get("LABEL_STUDIO_URL"))
         self.url = os.environ.get("LABEL_STUDIO_URL")
-        self.api_key = os.environ.get("LABEL_STUDIO_API_KEY")
+        self.api_key = os.environ.get("LABEL_STUDIO_API_KEY") if self.configured else None
+        if os.environ.get("LABEL_STUDIO_API_KEY") and not self.configured:
+            log.warning("LABEL_STUDIO_API_KEY is not used without LABEL_STUDIO_URL (the address it is for); "
+                        "exports are fetched with the token Label Studio sends to /setup")
         self.every = int(os.environ.get("NER_RETRAIN_EVERY", "0"))  # 0: only on START_TRAINING
         self.extra_args = shlex.split(os.environ.get("NER_RETRAIN_ARGS", ""))
         self.out_dir = Path(os.environ.get("NER_RETRAIN_DIR") or backend.model_dir.parent / "label-studio-runs")
@@ -242,9 +248,10 @@ class Retrainer:
         self.transport = None  # an httpx transport, for tests
 
     def remember(self, payload: dict) -> None:
-        """/setup's hostname and token: used where LABEL_STUDIO_URL / LABEL_STUDIO_API_KEY are not set."""
-        self.url = self.url or payload.get("hostname")
-        self.api_key = self.api_key or payload.get("access_token")
+        """/setup's hostname and token, as a pair, where LABEL_STUDIO_URL is not set (the latest connection's)."""
+        hostname, token = payload.get("hostname"), payload.get("access_token")
+        if not self.configured and isinstance(hostname, str) and isinstance(token, str) and hostname and token:
+            self.url, self.api_key = hostname, token
 
     def on_event(self, action: object, project: int | None) -> bool:
         """Start a training for START_TRAINING, or the NER_RETRAIN_EVERY-th new annotation; True if started."""
@@ -314,8 +321,9 @@ class Retrainer:
         self.backend.swap(tagger, model_dir, version)
 
 
-def router(backend: Backend, model_class: str = "ner.serve"):
-    """The APIRouter ner.serve mounts under PREFIX."""
+def router(backend: Backend, guard: list | None = None, model_class: str = "ner.serve"):
+    """The APIRouter ner.serve mounts under PREFIX; `guard`: the dependencies of every route but /health
+    (ner.serve's API key)."""
     from fastapi import APIRouter, Request
     from fastapi.responses import JSONResponse
 
@@ -329,7 +337,7 @@ def router(backend: Backend, model_class: str = "ner.serve"):
         return {"status": "UP", "model_class": model_class, "model_version": backend.version,
                 "training": backend.retrainer.last}
 
-    @api.post("/setup")
+    @api.post("/setup", dependencies=guard or [])
     async def setup(request: Request):
         try:
             payload = read_json(await request.body())
@@ -340,14 +348,14 @@ def router(backend: Backend, model_class: str = "ner.serve"):
         backend.retrainer.remember(payload)
         return {"model_version": backend.version}
 
-    @api.post("/predict")
+    @api.post("/predict", dependencies=guard or [])
     async def predict(request: Request):
         try:
             return await backend.predict(read_json(await request.body()))
         except ConfigError as exc:
             return refused(exc)
 
-    @api.post("/webhook")
+    @api.post("/webhook", dependencies=guard or [])
     async def webhook(request: Request):
         try:
             payload = read_json(await request.body())
@@ -357,7 +365,7 @@ def router(backend: Backend, model_class: str = "ner.serve"):
         log.info("webhook %s (project %s)", payload.get("action"), project)
         return {"status": "ok", "training": backend.retrainer.on_event(payload.get("action"), project)}
 
-    @api.post("/train")
+    @api.post("/train", dependencies=guard or [])
     async def train(request: Request):  # Label Studio's *Start Training* where its webhook flag is off
         try:
             payload = read_json(await request.body())

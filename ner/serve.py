@@ -222,7 +222,7 @@ def create_app(tagger, model_dir: Path, limits: Limits = Limits(), options: Serv
     from fastapi import Depends, FastAPI, Request
     from fastapi.responses import HTMLResponse, JSONResponse
 
-    from ner.serve_api import bearer_key_check, health_openapi, predict_openapi, ready_openapi
+    from ner.serve_api import bearer_key_check, health_openapi, label_studio_key_check, predict_openapi, ready_openapi
     from ner.serve_metrics import ServeMetrics
 
     metrics = ServeMetrics()
@@ -290,7 +290,9 @@ def create_app(tagger, model_dir: Path, limits: Limits = Limits(), options: Serv
 
     backend = label_studio.Backend(batcher.submit, model_dir, info["types"],
                                    swap_predict=lambda new: setattr(batcher, "predict", new.predict))
-    app.include_router(label_studio.router(backend), prefix=label_studio.PREFIX)
+    # Every route that tags or trains needs the key; /label-studio/health answers as /health does
+    guard = [Depends(label_studio_key_check(api_key))] if api_key is not None else []
+    app.include_router(label_studio.router(backend, guard), prefix=label_studio.PREFIX)
     app.state.label_studio = backend
     return app
 

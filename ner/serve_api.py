@@ -149,3 +149,31 @@ def bearer_key_check(api_key: str):
                                 headers={"WWW-Authenticate": "Bearer"})
 
     return check
+
+
+def label_studio_key_check(api_key: str):
+    """A FastAPI dependency for the Label Studio routes: the API key as a Bearer token, or as the password of
+    HTTP basic authentication (what Label Studio's model connection sends: *Use basic auth*); 401 otherwise."""
+    import base64
+
+    from fastapi import Depends
+    from fastapi.security import APIKeyHeader
+    from starlette.exceptions import HTTPException
+
+    header = APIKeyHeader(name="Authorization", auto_error=False, description="Bearer KEY, or basic auth with KEY "
+                                                                              "as the password (--api-key)")
+    expected = api_key.encode("utf-8")
+
+    async def check(authorization: str | None = Depends(header)) -> None:
+        scheme, _, value = (authorization or "").partition(" ")
+        given = value.strip().encode("utf-8") if scheme.lower() == "bearer" else b""
+        if scheme.lower() == "basic":
+            try:
+                given = base64.b64decode(value.strip(), validate=True).partition(b":")[2]
+            except ValueError:
+                given = b""
+        if not hmac.compare_digest(given, expected):
+            raise HTTPException(401, "missing or wrong API key: send Authorization: Bearer KEY, or basic auth "
+                                     "with KEY as the password", headers={"WWW-Authenticate": "Bearer, Basic"})
+
+    return check

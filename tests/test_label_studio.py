@@ -346,3 +346,55 @@ def test_a_swap_during_a_request_tags_it_again_with_the_new_model(tagger, random
     answer = asyncio.run(backend.predict({"tasks": tasks_of(["a"]), "label_config": NER_CONFIG}))
     assert calls == [model_version(random_model), "new@00000000"]
     assert answer["results"][0]["model_version"] == "new@00000000"
+
+
+# ----------------------------------------------------------------------------- a hostile client
+
+def test_every_label_studio_route_that_tags_or_trains_needs_the_key(tagger, random_model):
+    import base64
+
+    key = "s3cret-key"
+    basic = lambda user, password: "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()  # noqa: E731
+    bodies = {"setup": {"project": "1.1", "schema": NER_CONFIG}, "predict": {"tasks": [{"data": {"text": "Ada"}}]},
+              "webhook": {"action": "PROJECT_UPDATED"}, "train": {"project": None}}
+    with TestClient(create_app(tagger, random_model, Limits(), api_key=key)) as client:
+        for route, body in bodies.items():
+            for refused in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": basic("ls", "wrong")},
+                            {"Authorization": "Basic !!!"}, {"Authorization": key}):
+                answer = client.post(f"/label-studio/{route}", json=body, headers=refused)
+                assert answer.status_code == 401 and "API key" in answer.json()["error"], (route, refused)
+            for allowed in ({"Authorization": f"Bearer {key}"}, {"Authorization": basic("label-studio", key)}):
+                assert client.post(f"/label-studio/{route}", json=body, headers=allowed).status_code != 401, route
+        assert client.get("/label-studio/health").status_code == 200  # tags and trains nothing, as /health
+
+
+def test_the_servers_label_studio_key_never_goes_to_an_address_a_request_named(tagger, random_model, tmp_path,
+                                                                                 monkeypatch):
+    """LABEL_STUDIO_API_KEY without LABEL_STUDIO_URL: a /setup naming another host without a token of its own
+    starts nothing; with one, the export is fetched with that token, never the server's key."""
+    monkeypatch.setenv("LABEL_STUDIO_API_KEY", "server-key")
+    monkeypatch.delenv("LABEL_STUDIO_URL", raising=False)
+    monkeypatch.setenv("NER_RETRAIN_DIR", str(tmp_path / "runs"))
+    seen = []
+    app = create_app(tagger, random_model, Limits())
+    app.state.label_studio.retrainer.transport = httpx.MockTransport(
+        lambda request: seen.append(request) or httpx.Response(500))
+    with TestClient(app) as client:
+        client.post("/label-studio/setup", json={"hostname": "http://elsewhere.test"})
+        assert client.post("/label-studio/train", json={"project": 5}).json()["training"] is False
+        client.post("/label-studio/setup", json={"hostname": "http://elsewhere.test", "access_token": "its-own"})
+        assert client.post("/label-studio/train", json={"project": 5}).json()["training"] is True
+        deadline = time.monotonic() + 30
+        while client.get("/label-studio/health").json()["training"]["status"] == "training":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    assert [(r.url.host, r.headers["authorization"]) for r in seen] == [("elsewhere.test", "Token its-own")]
+
+
+def test_a_configured_label_studio_is_the_only_one_its_key_goes_to(tagger, random_model, monkeypatch):
+    monkeypatch.setenv("LABEL_STUDIO_URL", "http://label-studio.internal")
+    monkeypatch.setenv("LABEL_STUDIO_API_KEY", "server-key")
+    app = create_app(tagger, random_model, Limits())
+    retrainer = app.state.label_studio.retrainer
+    retrainer.remember({"hostname": "http://elsewhere.test", "access_token": "other"})
+    assert (retrainer.url, retrainer.api_key) == ("http://label-studio.internal", "server-key")

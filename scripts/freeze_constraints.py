@@ -35,7 +35,8 @@ def frozen_requirements(python: str) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=ROOT / "constraints.txt", help="file to write (default: %(default)s)")
+    parser.add_argument("--out", type=Path, default=ROOT / "constraints.txt",
+                        help="file to write (default: %(default)s)")
     args = parser.parse_args(argv)
     pins = frozen_requirements(sys.executable)
     if not any(pin.lower().startswith("pytest==") for pin in pins):

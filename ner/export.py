@@ -11,6 +11,9 @@ training_args.json, metrics.json and a README.md model card (with --onnx: model.
 model.int8.onnx for `--runtime onnx|onnx-int8`, ner/export_onnx.py). It is written beside its final
 name and renamed into place, so a crash never leaves half an export. OUT must be new, empty, or (with
 --overwrite) a model folder this tool exported; a folder of anything else is refused, never replaced.
+Replacing an export replaces only the files an export writes (listed in OUT/.ner-export.json): everything
+else in OUT (a model repository's .git/, your notes) stays, carried into the new folder as hard links. A
+file of the export that was edited since (the model card) is replaced, and the log names it.
 OUT may be SRC itself (an export) to add ONNX files in place.
 """
 
@@ -18,6 +21,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import os
 import re
 import shutil
 import sys
@@ -26,9 +31,15 @@ from pathlib import Path
 from ner.checkpoint import read_state, verify
 from ner.data import entity_types
 from ner.errors import UserError, cli
-from ner.files import staged_folder
+from ner.files import sha256_file, staged_folder
 from ner.metrics import best_evaluation, format_table
 from ner.model import PACKAGED_MODELS, packaged_copy_of
+
+log = logging.getLogger("ner")
+EXPORT_LISTING = ".ner-export.json"  # the files an export wrote, with their SHA-256 (what a replacement may replace)
+# An export from before the listing: these and whatever the new export writes count as the export's files
+EXPORT_NAMES = frozenset({"config.json", "model.safetensors", "training_args.json", "metrics.json", "README.md",
+                          "model.onnx", "model.int8.onnx"})
 
 
 def export_checkpoint(checkpoint: Path, out_dir: Path, metrics: dict | None = None, onnx: bool = False,
@@ -53,6 +64,7 @@ def export_checkpoint(checkpoint: Path, out_dir: Path, metrics: dict | None = No
         (tmp / "README.md").write_text(model_card(training_args, metrics), encoding="utf-8")
         add_onnx(tmp, onnx, quantize)
         check_out_dir(out_dir, overwrite)  # again: the ONNX check takes a while
+        keep_what_is_not_ours(out_dir, tmp)
     return out_dir
 
 
@@ -67,6 +79,7 @@ def export_folder(model_dir: Path, out_dir: Path, onnx: bool = False, quantize: 
         shutil.copytree(model_dir, tmp, ignore=shutil.ignore_patterns("*.onnx", ".*.tmp*"), dirs_exist_ok=True)
         add_onnx(tmp, onnx, quantize)
         check_out_dir(out_dir, overwrite)
+        keep_what_is_not_ours(out_dir, tmp)
     return out_dir
 
 
@@ -79,6 +92,48 @@ def export_any(source: Path, out_dir: Path, onnx: bool = False, quantize: str | 
         return export_folder(source, out_dir, onnx, quantize, overwrite)
     raise UserError(f"{source}: neither a checkpoint (manifest.json) nor an exported model folder "
                     "(config.json + training_args.json)")
+
+
+def keep_what_is_not_ours(old: Path, staged: Path) -> None:
+    """List the new export's files in `staged`, then link in every entry of the export at `old` that is not one of
+    its files, so the folder swap keeps them. Hard links, not moves: until the swap, `old` stays whole. Files the
+    old export wrote and the new one does not (ONNX files of other weights) are left behind with it."""
+    new_files = {p.name: sha256_file(p) for p in sorted(staged.iterdir()) if p.is_file()}
+    (staged / EXPORT_LISTING).write_text(json.dumps(new_files, indent=1, sort_keys=True) + "\n")
+    if not old.is_dir():
+        return
+    listed = read_listing(old)
+    ours = set(listed) if listed is not None else EXPORT_NAMES | set(new_files)
+    for entry in sorted(old.iterdir()):
+        if entry.name in ours or entry.name == EXPORT_LISTING or (staged / entry.name).exists():
+            if listed and entry.name in listed and entry.is_file() and sha256_file(entry) != listed[entry.name]:
+                log.warning("%s: edited since it was exported; replaced by the new export", entry)
+            continue
+        link_tree(entry, staged / entry.name)
+
+
+def read_listing(folder: Path) -> dict | None:
+    try:
+        listed = json.loads((folder / EXPORT_LISTING).read_text())
+    except (OSError, ValueError):
+        return None
+    return listed if isinstance(listed, dict) else None
+
+
+def link_tree(source: Path, target: Path) -> None:
+    """`source` (a file, a link or a folder) at `target` too, by hard links where the file system has them."""
+    def link_or_copy(src: str, dst: str) -> None:
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
+
+    if source.is_symlink():
+        os.symlink(os.readlink(source), target)
+    elif source.is_dir():
+        shutil.copytree(source, target, symlinks=True, copy_function=link_or_copy)
+    else:
+        link_or_copy(str(source), str(target))
 
 
 def is_export(folder: Path) -> bool:

@@ -63,8 +63,30 @@ def test_our_own_export_is_replaced_only_with_overwrite(export, tmp_path, capsys
                                       "replace it, or choose another OUT")
     assert snapshot(out) == before
     assert export_main([str(export), str(out), "--overwrite"]) == 0
-    assert not (out / "from_the_first_export").exists() and (out / "config.json").is_file()
+    assert (out / "from_the_first_export").read_text() == "old" and (out / "config.json").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["exported", "src"]  # nothing staged or set aside left
+
+
+def test_overwrite_replaces_only_the_exports_files_in_a_model_repository(export, tmp_path, caplog):
+    """A clone of a model repository: .git/, the user's notes and an edited model card around an export."""
+    out = tmp_path / "exported"
+    (export / "README.md").write_text("# the model card an export writes\n")
+    assert export_main([str(export), str(out)]) == 0
+    (out / ".git" / "objects").mkdir(parents=True)
+    (out / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    (out / ".git" / "objects" / "ab12").write_bytes(b"blob")
+    (out / "NOTES.md").write_text("my evaluation")
+    (out / "README.md").write_text("# my own model card\n")
+    (out / "training_args.json").write_text(json.dumps({"stale": True}))
+    with caplog.at_level("WARNING", logger="ner"):
+        assert export_main([str(export), str(out), "--overwrite"]) == 0
+    assert (out / ".git" / "HEAD").read_text() == "ref: refs/heads/main\n"
+    assert (out / ".git" / "objects" / "ab12").read_bytes() == b"blob"
+    assert (out / "NOTES.md").read_text() == "my evaluation"
+    assert (out / "README.md").read_text() == "# the model card an export writes\n"  # replaced, named in the log
+    assert f"{out / 'README.md'}: edited since it was exported" in caplog.text
+    assert "stale" not in (out / "training_args.json").read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["exported", "src"]
 
 
 def test_a_failing_export_keeps_the_old_one_whole(export, tmp_path, monkeypatch, capsys):

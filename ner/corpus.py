@@ -563,7 +563,9 @@ class RayTagger:
     def __call__(self, batch: dict) -> dict:
         import numpy as np
 
-        texts = [str(text) for text in batch[self.text_column]]
+        # a missing or non-string text fails its batch with the row named, as the CLI refuses it
+        texts = [parse_unit("table", f"{self.text_column} row {row} of this batch", text)["text"]
+                 for row, text in enumerate(batch[self.text_column])]
         results = self.tagger.predict(texts, self.max_sentences, self.max_tokens)
         found = [json.dumps(result["entities"], ensure_ascii=False) for result in results]
         return {**batch, "entities": np.array(found, dtype=object)}

@@ -255,3 +255,17 @@ def test_ray_data_map_batches_gives_the_single_process_entities(random_model, co
         ray.shutdown()
     assert [row["n"] for row in rows] == list(range(len(texts)))  # the other columns come through
     assert [row["entities"] for row in rows] == expected
+
+
+def test_ray_tagger_refuses_a_missing_text_with_its_row(random_model):
+    """Ray Data hands a batch as columns; None there was tagged as the text "None"."""
+    import numpy as np
+
+    from ner.corpus import RayTagger
+    from ner.errors import UserError
+
+    tagger = RayTagger(str(random_model), precision="no")
+    tagged = tagger({"text": np.array(["Ada Lovelace", "Paris"], dtype=object)})
+    assert len(tagged["entities"]) == 2
+    with pytest.raises(UserError, match=r"text row 1 of this batch: the text column holds NoneType, not a string"):
+        tagger({"text": np.array(["Ada Lovelace", None], dtype=object)})

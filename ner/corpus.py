@@ -85,12 +85,18 @@ def _is_dataset_folder(path: Path) -> bool:
     return (path / "state.json").is_file() or (path / "dataset_dict.json").is_file()
 
 
+def _inside(path: Path, out_dir: Path) -> bool:
+    """Whether `path` is the resolved `out_dir` or under it, however it is spelt (relative, `..`, links)."""
+    resolved = path.resolve()
+    return resolved == out_dir or out_dir in resolved.parents
+
+
 def _folder_files(folder: Path, out_dir: Path) -> list[Path]:
     """A folder's files, sorted by path, hidden ones and the output folder's left out."""
     found = []
     for path in sorted(folder.rglob("*")):
         relative = path.relative_to(folder).parts
-        if path.is_file() and not any(part.startswith(".") for part in relative) and out_dir not in path.parents:
+        if path.is_file() and not any(part.startswith(".") for part in relative) and not _inside(path, out_dir):
             found.append(path)
     return found
 
@@ -103,13 +109,16 @@ def expand_inputs(inputs: list[str], jsonl: bool, out_dir: Path) -> list[Source]
         path = Path(given)
         if glob.has_magic(given):
             paths = [Path(p) for p in sorted(glob.glob(given, recursive=True))]
-            paths = [p for p in paths if p.is_file() or _is_dataset_folder(p)]
+            paths = [p for p in paths if (p.is_file() or _is_dataset_folder(p)) and not _inside(p, out_dir)]
             if not paths:
-                raise UserError(f"{given}: no file matches")
+                raise UserError(f"{given}: no file matches (outside --output-dir)")
         elif path.is_dir() and not _is_dataset_folder(path):
             paths = _folder_files(path, out_dir)
             if not paths:
                 raise UserError(f"{given}: an empty folder")
+        elif path.exists() and _inside(path, out_dir):
+            raise UserError(f"{given}: inside --output-dir {out_dir}, where the output goes; choose an input "
+                            "outside it")
         elif path.exists():
             paths = [path]
         else:

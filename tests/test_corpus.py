@@ -269,3 +269,30 @@ def test_ray_tagger_refuses_a_missing_text_with_its_row(random_model):
     assert len(tagged["entities"]) == 2
     with pytest.raises(UserError, match=r"text row 1 of this batch: the text column holds NoneType, not a string"):
         tagger({"text": np.array(["Ada Lovelace", None], dtype=object)})
+
+
+@pytest.mark.parametrize("spelling", ["relative", "dot-dot", "link", "glob"])
+def test_output_inside_its_input_folder_is_never_read_as_input(random_model, corpus, tmp_path, monkeypatch,
+                                                              spelling, capsys):
+    """`ner.predict MODEL corpus/ --output-dir corpus/tagged`: a rerun, with --overwrite too, reads the same
+    two files whatever the spelling of the input and OUT (the parts once came back as input)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "link").symlink_to(tmp_path / "in")
+    given = {"relative": "in", "dot-dot": "in/../in", "link": "link", "glob": "in/**/*"}[spelling]
+    out = Path("in/tagged") if spelling != "link" else Path("link/tagged")
+    assert tag(random_model, out, given, extra=("--merge",)) == 0
+    first = lines(out / "predictions.jsonl")
+    assert len(first) == 11
+    assert tag(random_model, out, given, extra=("--merge",)) == 0  # a rerun: nothing added, nothing to do
+    assert tag(random_model, out, given, extra=("--merge", "--overwrite")) == 0
+    assert lines(out / "predictions.jsonl") == first
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert sorted(Path(f["path"]).name for s in manifest["inputs"] for f in s["files"]) == ["a.txt", "b.txt"]
+
+
+def test_an_input_file_inside_the_output_folder_is_refused(random_model, corpus, tmp_path, capsys):
+    out = tmp_path / "in" / "tagged"
+    assert tag(random_model, out, corpus["first"]) == 0
+    capsys.readouterr()
+    assert tag(random_model, out, out / "part-00000.jsonl", extra=("--jsonl",)) == 2
+    assert "inside --output-dir" in capsys.readouterr().err

@@ -180,8 +180,9 @@ class Backend:
     `tag(texts)` is a coroutine returning Tagger.predict's results (ner.serve passes its micro-batcher's
     submit, so Label Studio's requests share batches and limits with the others)."""
 
-    def __init__(self, tag, model_dir: Path, model_types: list[str], swap_predict=None) -> None:
+    def __init__(self, tag, model_dir: Path, model_types: list[str], swap_predict=None, check_texts=None) -> None:
         self.tag = tag
+        self.check_texts = check_texts  # (texts) -> None, raising for more or longer texts than the server takes
         self.model_dir = Path(model_dir)
         self.model_types = model_types
         self.version = model_version(self.model_dir)
@@ -208,6 +209,8 @@ class Backend:
     async def predict(self, payload: dict) -> dict:
         target = parse_label_config(payload.get("label_config"))
         texts = task_texts(payload.get("tasks"), target.field)
+        if self.check_texts is not None:
+            self.check_texts(texts)
         results, version, types = await self.tag_consistently(texts)
         mapping = map_types(types, target.labels)
         dropped: Counter = Counter()
@@ -321,13 +324,14 @@ class Retrainer:
         self.backend.swap(tagger, model_dir, version)
 
 
-def router(backend: Backend, guard: list | None = None, model_class: str = "ner.serve"):
+def router(backend: Backend, guard: list | None = None, read_body=None, model_class: str = "ner.serve"):
     """The APIRouter ner.serve mounts under PREFIX; `guard`: the dependencies of every route but /health
-    (ner.serve's API key)."""
+    (ner.serve's API key); `read_body`: (request) -> bytes under the server's byte limit."""
     from fastapi import APIRouter, Request
     from fastapi.responses import JSONResponse
 
     api = APIRouter()
+    read = read_body or (lambda request: request.body())
 
     def refused(exc: ConfigError) -> JSONResponse:
         return JSONResponse({"error": str(exc)}, status_code=422)
@@ -340,7 +344,7 @@ def router(backend: Backend, guard: list | None = None, model_class: str = "ner.
     @api.post("/setup", dependencies=guard or [])
     async def setup(request: Request):
         try:
-            payload = read_json(await request.body())
+            payload = read_json(await read(request))
             if payload.get("schema"):  # a project's config that cannot work is refused when it connects
                 parse_label_config(payload["schema"])
         except ConfigError as exc:
@@ -351,14 +355,14 @@ def router(backend: Backend, guard: list | None = None, model_class: str = "ner.
     @api.post("/predict", dependencies=guard or [])
     async def predict(request: Request):
         try:
-            return await backend.predict(read_json(await request.body()))
+            return await backend.predict(read_json(await read(request)))
         except ConfigError as exc:
             return refused(exc)
 
     @api.post("/webhook", dependencies=guard or [])
     async def webhook(request: Request):
         try:
-            payload = read_json(await request.body())
+            payload = read_json(await read(request))
         except ConfigError as exc:
             return refused(exc)
         project = project_id(payload.get("project"))
@@ -368,7 +372,7 @@ def router(backend: Backend, guard: list | None = None, model_class: str = "ner.
     @api.post("/train", dependencies=guard or [])
     async def train(request: Request):  # Label Studio's *Start Training* where its webhook flag is off
         try:
-            payload = read_json(await request.body())
+            payload = read_json(await read(request))
         except ConfigError as exc:
             return refused(exc)
         return {"status": "ok", "training": backend.retrainer.start(project_id(payload.get("project")))}

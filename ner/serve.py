@@ -187,6 +187,12 @@ def parse_texts(body: bytes, max_texts: int, max_text_chars: int | None = None) 
     texts = [payload["text"]] if single else payload["texts"]
     if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
         raise BadRequest(422, '"text" must be a string and "texts" a list of strings')
+    check_texts(texts, max_texts, max_text_chars)
+    return texts, single
+
+
+def check_texts(texts: list[str], max_texts: int, max_text_chars: int | None = None) -> None:
+    """413 for more than `max_texts` texts or a text over `max_text_chars`; 422 for a lone surrogate."""
     if len(texts) > max_texts:
         raise BadRequest(413, f"{len(texts)} texts in one request; the limit is {max_texts} (--max-texts)")
     for i, text in enumerate(texts):
@@ -197,7 +203,6 @@ def parse_texts(body: bytes, max_texts: int, max_text_chars: int | None = None) 
         if max_text_chars is not None and len(text) > max_text_chars:
             raise BadRequest(413, f"text {i} has {len(text)} characters; the limit is {max_text_chars} "
                                   "(--max-text-chars): send it in parts")
-    return texts, single
 
 
 def health_info(tagger, model_dir: Path) -> dict:
@@ -289,10 +294,13 @@ def create_app(tagger, model_dir: Path, limits: Limits = Limits(), options: Serv
     from ner import label_studio  # Label Studio's ML backend protocol under /label-studio (docs/label_studio.md)
 
     backend = label_studio.Backend(batcher.submit, model_dir, info["types"],
-                                   swap_predict=lambda new: setattr(batcher, "predict", new.predict))
+                                   swap_predict=lambda new: setattr(batcher, "predict", new.predict),
+                                   check_texts=lambda texts: check_texts(texts, limits.max_texts,
+                                                                         limits.max_text_chars))
     # Every route that tags or trains needs the key; /label-studio/health answers as /health does
     guard = [Depends(label_studio_key_check(api_key))] if api_key is not None else []
-    app.include_router(label_studio.router(backend, guard), prefix=label_studio.PREFIX)
+    under_limit = lambda request: read_body(request, limits.max_request_bytes)  # noqa: E731
+    app.include_router(label_studio.router(backend, guard, under_limit), prefix=label_studio.PREFIX)
     app.state.label_studio = backend
     return app
 

@@ -398,3 +398,20 @@ def test_a_configured_label_studio_is_the_only_one_its_key_goes_to(tagger, rando
     retrainer = app.state.label_studio.retrainer
     retrainer.remember({"hostname": "http://elsewhere.test", "access_token": "other"})
     assert (retrainer.url, retrainer.api_key) == ("http://label-studio.internal", "server-key")
+
+
+def test_label_studio_routes_keep_the_servers_limits_and_go_on_serving(tagger, random_model):
+    """Bodies over --max-request-bytes, more tasks than --max-texts and texts over --max-text-chars get 413
+    (not a queue's 503 with Retry-After forever); the next request is answered."""
+    tasks = lambda *texts: [{"id": i, "data": {"text": t}} for i, t in enumerate(texts)]  # noqa: E731
+    limits = Limits(max_request_bytes=2000, max_texts=2, max_text_chars=50)
+    with TestClient(create_app(tagger, random_model, limits)) as client:
+        for body in ({"label_config": NER_CONFIG, "tasks": tasks("Ada", "Alan", "Grace")},
+                     {"label_config": NER_CONFIG, "tasks": tasks("Ada " * 20)},
+                     {"label_config": NER_CONFIG, "tasks": tasks("x" * 3000)}):
+            refused = client.post("/label-studio/predict", json=body)
+            assert refused.status_code == 413 and "limit" in refused.json()["error"]
+        for route in ("setup", "webhook", "train"):
+            assert client.post(f"/label-studio/{route}", content=b"{" + b" " * 3000 + b"}").status_code == 413
+        answered = client.post("/label-studio/predict", json={"label_config": NER_CONFIG, "tasks": tasks("Ada")})
+        assert answered.status_code == 200 and len(answered.json()["results"]) == 1

@@ -236,10 +236,10 @@ class Retrainer:
         self.backend = backend
         # The configured key goes to the configured address only; without LABEL_STUDIO_URL, /setup's address and
         # token are taken together (remember), so no request can name where the server's own key is sent.
-        self.configured = bool(os.environ.get("LABEL_STUDIO_URL"))
-        self.url = os.environ.get("LABEL_STUDIO_URL")
-        self.api_key = os.environ.get("LABEL_STUDIO_API_KEY") if self.configured else None
-        if os.environ.get("LABEL_STUDIO_API_KEY") and not self.configured:
+        self.url, key = os.environ.get("LABEL_STUDIO_URL"), os.environ.get("LABEL_STUDIO_API_KEY")
+        self.configured = bool(self.url)
+        self.api_key = key if self.configured else None
+        if key and not self.configured:
             log.warning("LABEL_STUDIO_API_KEY is not used without LABEL_STUDIO_URL (the address it is for); "
                         "exports are fetched with the token Label Studio sends to /setup")
         self.every = int(os.environ.get("NER_RETRAIN_EVERY", "0"))  # 0: only on START_TRAINING
@@ -332,6 +332,7 @@ def router(backend: Backend, guard: list | None = None, read_body=None, model_cl
 
     api = APIRouter()
     read = read_body or (lambda request: request.body())
+    guard = guard or []
 
     def refused(exc: ConfigError) -> JSONResponse:
         return JSONResponse({"error": str(exc)}, status_code=422)
@@ -341,7 +342,7 @@ def router(backend: Backend, guard: list | None = None, read_body=None, model_cl
         return {"status": "UP", "model_class": model_class, "model_version": backend.version,
                 "training": backend.retrainer.last}
 
-    @api.post("/setup", dependencies=guard or [])
+    @api.post("/setup", dependencies=guard)
     async def setup(request: Request):
         try:
             payload = read_json(await read(request))
@@ -352,14 +353,14 @@ def router(backend: Backend, guard: list | None = None, read_body=None, model_cl
         backend.retrainer.remember(payload)
         return {"model_version": backend.version}
 
-    @api.post("/predict", dependencies=guard or [])
+    @api.post("/predict", dependencies=guard)
     async def predict(request: Request):
         try:
             return await backend.predict(read_json(await read(request)))
         except ConfigError as exc:
             return refused(exc)
 
-    @api.post("/webhook", dependencies=guard or [])
+    @api.post("/webhook", dependencies=guard)
     async def webhook(request: Request):
         try:
             payload = read_json(await read(request))
@@ -369,7 +370,7 @@ def router(backend: Backend, guard: list | None = None, read_body=None, model_cl
         log.info("webhook %s (project %s)", payload.get("action"), project)
         return {"status": "ok", "training": backend.retrainer.on_event(payload.get("action"), project)}
 
-    @api.post("/train", dependencies=guard or [])
+    @api.post("/train", dependencies=guard)
     async def train(request: Request):  # Label Studio's *Start Training* where its webhook flag is off
         try:
             payload = read_json(await read(request))

@@ -62,15 +62,16 @@ def load_tokenizer(name: str, trust_remote_code: bool = False):
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
         if not splits_words_as_running_text(tokenizer):
             tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code, add_prefix_space=True)
-            log.info("--model %s: tokenizer loaded with add_prefix_space=True, so each word gets the pieces it has "
-                     "in running text", name)
+            if splits_words_as_running_text(tokenizer):
+                log.info("--model %s: tokenizer loaded with add_prefix_space=True, so each word gets the pieces it "
+                         "has in running text", name)
+            else:
+                log.warning("--model %s: its tokenizer gives words split beforehand other pieces than in running "
+                            "text; accuracy may suffer", name)
     except (OSError, ValueError) as exc:
         raise model_error(name, "a tokenizer", exc) from None
     if not getattr(tokenizer, "is_fast", False):
         raise UserError(f"--model {name}: needs a fast tokenizer (word ids are used to align labels)")
-    if not splits_words_as_running_text(tokenizer):
-        log.warning("--model %s: its tokenizer gives words split beforehand other pieces than in running text; "
-                    "accuracy may suffer", name)
     return tokenizer
 
 

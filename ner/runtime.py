@@ -62,8 +62,7 @@ class OnnxRuntime:
     def __init__(self, path: Path, num_labels: int, device_type: str = "cpu", rows_per_forward: int | None = None):
         self.session = onnx_session(path, device_type)
         self.num_labels = num_labels
-        gpu_types = {provider: kind for kind, provider in GPU_PROVIDERS.items()}
-        self.device_type = gpu_types.get(self.session.get_providers()[0], "cpu")  # the CPU where no GPU provider
+        self.device_type = onnx_runs_on(device_type)  # what runs the passes: picks the default batch budget
         self.rows_per_forward = rows_per_forward
 
     def __call__(self, input_ids: np.ndarray, attention_mask: np.ndarray,

@@ -38,6 +38,7 @@ import threading
 from collections.abc import Callable, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
+from functools import partial
 from importlib import resources
 from pathlib import Path
 
@@ -299,8 +300,8 @@ def create_app(tagger, model_dir: Path, limits: Limits = Limits(), options: Serv
                                                                          limits.max_text_chars))
     # Every route that tags or trains needs the key; /label-studio/health answers as /health does
     guard = [Depends(label_studio_key_check(api_key))] if api_key is not None else []
-    under_limit = lambda request: read_body(request, limits.max_request_bytes)  # noqa: E731
-    app.include_router(label_studio.router(backend, guard, under_limit), prefix=label_studio.PREFIX)
+    app.include_router(label_studio.router(backend, guard, partial(read_body, limit=limits.max_request_bytes)),
+                       prefix=label_studio.PREFIX)
     app.state.label_studio = backend
     return app
 

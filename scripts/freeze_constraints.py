@@ -23,6 +23,15 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+HEADER = "# Versions with which the test suite passed (scripts/freeze_constraints.py"  # how a file of ours begins
+
+
+def written_here(path: Path) -> bool:
+    try:
+        with path.open(encoding="utf-8") as handle:
+            return handle.readline().startswith(HEADER)
+    except (OSError, UnicodeDecodeError):
+        return False
 
 
 def frozen_requirements(python: str) -> list[str]:
@@ -37,13 +46,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "constraints.txt",
                         help="file to write (default: %(default)s)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace --out even where this script did not write it")
     args = parser.parse_args(argv)
+    if args.out.exists() and not args.overwrite and not written_here(args.out):
+        print(f"error: {args.out}: exists and was not written by this script; nothing was changed: pass --overwrite "
+              "to replace it, or choose another --out", file=sys.stderr)
+        return 2
     pins = frozen_requirements(sys.executable)
     if not any(pin.lower().startswith("pytest==") for pin in pins):
         print(f"error: {sys.executable} has no pytest: run this with the Python of the environment the tests "
               "passed in (.ci/run prints it)", file=sys.stderr)
         return 2
-    header = (f"# Versions with which the test suite passed (scripts/freeze_constraints.py, "
+    header = (f"{HEADER}, "
               f"{datetime.now(timezone.utc):%Y-%m-%d}, Python {platform.python_version()}, {platform.machine()}).\n"
               '# pip install torch==2.13.0 && pip install -e ".[test]" -c constraints.txt\n')
     args.out.write_text(header + "".join(pin + "\n" for pin in pins))

@@ -15,6 +15,10 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=$(realpath -m "${1:?usage: bash scripts/gpu_bench.sh OUT}")
+if [ -e "$OUT" ] && [ -n "$(ls -A "$OUT" 2>/dev/null || echo not-a-folder)" ]; then
+  echo "error: $OUT: exists and is not an empty folder; the logs would overwrite what is there: choose a new OUT" >&2
+  exit 2
+fi
 mkdir -p "$OUT"
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/ner_gpu_bench.XXXX")
 CONLL=$(realpath "${CONLL_DIR:-../shared/data/conll2003}")

@@ -12,3 +12,12 @@ def test_constraints_pin_this_environment_without_local_labels_or_the_project(tm
     names = {pin.split("==")[0].lower() for pin in pins}
     assert all("==" in pin and "+" not in pin for pin in pins)
     assert {"torch", "pytest", "transformers", "accelerate"} <= names and "ner" not in names
+
+
+def test_a_file_it_did_not_write_is_refused_and_left_as_it_was(tmp_path, capsys):
+    out = tmp_path / "requirements.txt"
+    out.write_text("numpy\n")
+    assert main(["--out", str(out)]) == 2
+    assert out.read_text() == "numpy\n" and "--overwrite" in capsys.readouterr().err
+    assert main(["--out", str(out), "--overwrite"]) == 0 and main(["--out", str(out)]) == 0  # now it is ours
+    assert out.read_text().startswith("# Versions with which the test suite passed")

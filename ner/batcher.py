@@ -16,8 +16,10 @@ an exception of its own, which the HTTP layer turns into a status: Overloaded (5
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import math
+import threading
 from collections import deque
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -57,6 +59,10 @@ class TextFailed(Exception):
 
 class Draining(Exception):
     """The server is stopping (SIGTERM past its deadline, or the batcher died): 503, try another instance."""
+
+
+class Cut(Exception):
+    """The drain deadline passed while a batch ran: the model thread stopped at a window boundary."""
 
 
 class ClientGone(Exception):
@@ -122,6 +128,7 @@ class MicroBatcher:
         self.closed = False
         self.draining = False
         self.drain_deadline: float | None = None  # loop time after which no batch starts
+        self.cut = threading.Event()  # set at the drain deadline: the batch running stops at its next window
         self.failure: str | None = None  # why the worker task ended, when it ended unexpectedly
         self.on_failure: Callable[[str], None] | None = None
         self.seconds_per_text = 0.0  # moving averages of the batches' cost: Retry-After and the drain plan
@@ -137,6 +144,7 @@ class MicroBatcher:
 
     async def stop(self) -> None:
         self.closed = True
+        self.cut.set()  # a batch still running stops at a window boundary: the process exits on time
         if self.task is not None:
             self.task.cancel()
             await asyncio.gather(self.task, return_exceptions=True)
@@ -149,7 +157,16 @@ class MicroBatcher:
         return await asyncio.get_running_loop().run_in_executor(self.executor, self._call, [text], words)
 
     def _call(self, texts: list[str], words: list[list[Word]]) -> list[dict]:
+        if "progress" in inspect.signature(self.predict).parameters:  # Tagger.predict: stoppable between windows
+            return self.predict(texts, words=words, progress=self._unless_cut)
         return self.predict(texts, words=words)
+
+    def _unless_cut(self, batches, **_):
+        """Tagger.predict's forward passes, one by one, until the drain deadline (Cut)."""
+        for batch in batches:
+            if self.cut.is_set():
+                raise Cut("the server is shutting down; retry elsewhere")
+            yield batch
 
     def _ended(self, task: asyncio.Task) -> None:
         """Supervision: the worker only ends through stop(); any other end is a failure the server must report."""
@@ -235,7 +252,11 @@ class MicroBatcher:
         self.arrived.set()
         if budget_s is not None:
             self.drain_deadline = loop.time() + max(0.0, budget_s)
-            loop.call_at(self.drain_deadline, self._refuse_queued, "the server is shutting down; retry elsewhere")
+            loop.call_at(self.drain_deadline, self._deadline_passed)
+
+    def _deadline_passed(self) -> None:
+        self.cut.set()
+        self._refuse_queued("the server is shutting down; retry elsewhere")
 
     def _fits_before_deadline(self, batch: list[_Pending]) -> bool:
         if self.drain_deadline is None:
@@ -262,11 +283,16 @@ class MicroBatcher:
         if not batch:
             return
         if not self._fits_before_deadline(batch):
-            for item in batch:
-                item.future.set_exception(Draining("the server is shutting down; retry elsewhere"))
+            self._answer_draining(batch)
             self._refuse_queued("the server is shutting down; retry elsewhere")
             return
         await self._compute(batch)
+
+    @staticmethod
+    def _answer_draining(batch: list[_Pending]) -> None:
+        for item in batch:
+            if not item.future.done():  # a timeout may have settled it meanwhile
+                item.future.set_exception(Draining("the server is shutting down; retry elsewhere"))
 
     async def _next_batch(self) -> list[_Pending]:
         """The requests that start together: the first waiting, then later ones within max_wait_ms (none when
@@ -305,7 +331,8 @@ class MicroBatcher:
                 continue
             if item.is_disconnected is not None and await item.is_disconnected():
                 self.events.dropped_disconnected(len(item.texts))
-                item.future.set_exception(ClientGone("the client disconnected before its batch started"))
+                if not item.future.done():  # it may have timed out during the await
+                    item.future.set_exception(ClientGone("the client disconnected before its batch started"))
                 continue
             kept.append(item)
         return kept
@@ -316,7 +343,11 @@ class MicroBatcher:
         words = [w for item in batch for w in item.words]
         word_count = sum(item.word_count for item in batch)
         started_s = loop.time()
-        outcomes = await loop.run_in_executor(self.executor, self._predict_isolated, texts, words)
+        try:
+            outcomes = await loop.run_in_executor(self.executor, self._predict_isolated, texts, words)
+        except Cut:
+            self._answer_draining(batch)
+            return
         seconds = loop.time() - started_s
         self._learn_pace(seconds, len(texts), word_count)
         self.events.batch(len(texts), word_count, seconds)
@@ -339,6 +370,8 @@ class MicroBatcher:
         (alone, a text's answer is the one it gets in any batch)."""
         try:
             return self._call(texts, words)
+        except Cut:
+            raise
         except Exception:
             log.exception("prediction failed on a batch of %d texts; retrying each text alone", len(texts))
         outcomes: list[dict | Exception] = []

@@ -413,6 +413,64 @@ def test_a_drain_answers_the_batch_in_flight_and_refuses_the_queue_at_its_deadli
     assert model.calls == [["running"]]
 
 
+class ManyWindows:
+    """A tagger whose one text takes 200 forward passes of 50 ms (10 s), each a step of Tagger.predict's progress."""
+
+    id2label = {0: "O", 1: "B-PER", 2: "I-PER"}
+
+    def __init__(self) -> None:
+        self.passes = 0
+
+    def predict(self, texts: list[str], words=None, progress=lambda batches, **_: batches) -> list[dict]:
+        for _ in progress(range(200), desc="predict"):
+            time.sleep(0.05)
+            self.passes += 1
+        return [{"entities": []} for _ in texts]
+
+
+def test_a_long_request_is_cut_at_a_window_boundary_when_the_drain_deadline_passes():
+    """SIGTERM holds its promise for one long request: at the deadline the model stops between two forward
+    passes, the request gets 503, and stop() returns at once (not after the 10 s the text would take)."""
+    model = ManyWindows()
+
+    async def scenario():
+        batcher = MicroBatcher(model.predict, Limits(max_wait_ms=0, request_timeout_s=None))
+        batcher.start()
+        running = asyncio.create_task(batcher.submit(["a very long text"]))
+        await until(lambda: model.passes > 0, "the long text runs")
+        started = time.monotonic()
+        batcher.drain(budget_s=0.2)
+        outcome = (await asyncio.gather(running, return_exceptions=True))[0]
+        await batcher.stop()
+        return outcome, time.monotonic() - started
+
+    outcome, seconds = run(scenario())
+    from ner.batcher import Draining
+
+    assert isinstance(outcome, Draining), outcome
+    assert seconds < 3 and model.passes < 100, (seconds, model.passes)
+
+
+def test_a_request_settled_by_its_timeout_is_not_answered_twice_at_the_drain():
+    """The drain race: a batch refused at the deadline may hold a request whose timeout has already answered
+    it; the worker must go on (InvalidStateError used to end it)."""
+    from ner.batcher import _Pending
+
+    async def scenario():
+        batcher = MicroBatcher(FailsOnBoom().predict, Limits(max_wait_ms=0))
+        loop = asyncio.get_running_loop()
+        settled, open_ = _Pending(["a"], loop.create_future()), _Pending(["b"], loop.create_future())
+        settled.future.cancel()  # what submit's timeout does
+        batcher.seconds_per_text = 10.0
+        batcher.drain_deadline = loop.time() + 1  # the batch cannot fit before it
+        await batcher._start([settled, open_])
+        return open_.future.exception()
+
+    from ner.batcher import Draining
+
+    assert isinstance(run(scenario()), Draining)
+
+
 def test_a_dead_batcher_makes_health_503_and_stops_the_process(random_model):
     stopped: list[str] = []
     app = create_app(FailsOnBoom(), random_model, Limits(max_wait_ms=0))

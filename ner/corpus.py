@@ -29,15 +29,17 @@ import shutil
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from ner.data import Example
 from ner.errors import UserError
 from ner.files import atomic_write_text, sha256_file, staged_file
 from ner.spans import entities_record, text_of
 
 MANIFEST, MERGED = "manifest.json", "predictions.jsonl"
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2  # 2: the computation (precision, device, threads, ...) is pinned
 PART = re.compile(r"part-(\d{5,})\.jsonl")
 # ner/files.py names its temporary files `.NAME.tmp-<8 hex>SUFFIX`: ours beyond doubt when NAME is ours
 OUR_TEMP = re.compile(r"\.(part-\d{5,}\.jsonl|manifest\.json|predictions\.jsonl)\.tmp-[0-9a-f]{8}\.(jsonl|json)")
@@ -251,40 +253,97 @@ def model_identity(model_dir: Path, runtime: str) -> dict:
     return {"path": str(model_dir.resolve()), "sha256": {p.name: sha256_file(p) for p in files}}
 
 
-def corpus_settings(args: argparse.Namespace, precision: str) -> dict:
-    """Every option that changes the output (parts included: --chunk-texts decides what a part holds)."""
+def corpus_settings(args: argparse.Namespace) -> dict:
+    """The options that decide what a part holds and how its lines are written (--chunk-texts: which texts)."""
     return {"format": args.format, "jsonl": args.jsonl, "text_column": args.text_column,
-            "chunk_texts": args.chunk_texts, "max_seq_length": args.max_seq_length, "context": args.context,
-            "decode": args.decode, "mixed_precision": precision, "runtime": args.runtime,
+            "chunk_texts": args.chunk_texts}
+
+
+def computation(tagger, args: argparse.Namespace) -> dict:
+    """How this process computes the numbers, as its loaded Tagger does: the rest of what changes the output
+    bytes besides the model files. Threads count where the passes run on the CPU (a different count sums
+    in another order); the batch budget decides the padded shapes."""
+    runs_on = tagger.runtime.device_type
+    one_text = [Example([], [], "<text>", document=0)]  # each text is a document (Tagger.predict)
+    return {"runtime": tagger.runtime_name, "precision": tagger.precision, "device": runs_on,
+            "threads": intra_op_threads(tagger.runtime) if runs_on == "cpu" else None,
+            "casing": tagger.settings.casing, "context": "document" if tagger.uses_context(one_text) else "none",
+            "decode": tagger.decoder.method, "max_seq_length": tagger.max_seq_length,
             "batch_size": args.batch_size, "max_tokens": args.max_tokens}
+
+
+def intra_op_threads(runtime) -> int:
+    """The threads one CPU operator uses: the ONNX session's own setting, else torch's."""
+    if hasattr(runtime, "session"):
+        return runtime.session.get_session_options().intra_op_num_threads
+    import torch
+
+    return torch.get_num_threads()
 
 
 def input_identity(sources: list[Source]) -> list[dict]:
     return [{"name": s.name, "kind": s.kind, "files": [file_identity(p) for p in s.files()]} for s in sources]
 
 
-def differences(saved: dict, current: dict) -> list[str]:
-    """What differs between the manifest and this run, one phrase each."""
-    found = []
-    if saved.get("model", {}).get("sha256") != current["model"]["sha256"]:
-        old, new = saved.get("model", {}).get("sha256", {}), current["model"]["sha256"]
-        changed = sorted(name for name in old.keys() | new.keys() if old.get(name) != new.get(name))
-        found.append(f"model files changed ({', '.join(changed)})")
-    for key, value in current["settings"].items():
-        if saved.get("settings", {}).get(key) != value:
-            found.append(f"--{key.replace('_', '-')}: {saved.get('settings', {}).get(key)!r} before, {value!r} now")
+def how_to_match(key: str, old: object) -> str | None:
+    """What gives a resume the saved value back, where the user can choose it."""
+    if key == "threads":
+        return f"OMP_NUM_THREADS={old}" if old else None
+    if key == "device":
+        return f"a {old} device"
+    if key == "casing" or old is None:
+        return None  # casing is the model's (training_args.json); None: the default, so no option to pass
+    flag = "--mixed-precision" if key == "precision" else "--" + key.replace("_", "-")
+    if isinstance(old, bool):
+        return flag if old else f"no {flag}"
+    return f"{flag} {old}"
+
+
+def setting_differences(saved: dict, current: dict) -> tuple[list[str], list[str]]:
+    """(each differing option or computation setting, `name: old before, new now`; how to get the old back)."""
+    found, fixes = [], []
+    for section, prefix in (("settings", "--"), ("computation", "")):
+        for key, value in current[section].items():
+            old = saved.get(section, {}).get(key)
+            if old != value:
+                name = prefix + key.replace("_", "-") if prefix else key
+                found.append(f"{name}: {old!r} before, {value!r} now")
+                fixes += [fix] if (fix := how_to_match(key, old)) else []
+    return found, fixes
+
+
+def input_differences(saved: dict, current: dict) -> list[str]:
     old_inputs = {f["path"]: f for s in saved.get("inputs", []) for f in s["files"]}
     new_inputs = {f["path"]: f for s in current["inputs"] for f in s["files"]}
-    for path in sorted(old_inputs.keys() - new_inputs.keys()):
-        found.append(f"input {path} no longer given")
-    for path in sorted(new_inputs.keys() - old_inputs.keys()):
-        found.append(f"input {path} added")
-    for path in sorted(old_inputs.keys() & new_inputs.keys()):
-        if old_inputs[path] != new_inputs[path]:
-            found.append(f"input {path} changed (size or modification time)")
+    found = [f"input {path} no longer given" for path in sorted(old_inputs.keys() - new_inputs.keys())]
+    found += [f"input {path} added" for path in sorted(new_inputs.keys() - old_inputs.keys())]
+    found += [f"input {path} changed (size or modification time)"
+              for path in sorted(old_inputs.keys() & new_inputs.keys()) if old_inputs[path] != new_inputs[path]]
     if not found and [s["name"] for s in saved["inputs"]] != [s["name"] for s in current["inputs"]]:
         found.append("the inputs' order changed")
     return found
+
+
+def model_differences(saved: dict, current: dict) -> list[str]:
+    old, new = saved.get("model", {}).get("sha256", {}), current["model"]["sha256"]
+    changed = sorted(name for name in old.keys() | new.keys() if old.get(name) != new.get(name))
+    return [f"model files changed ({', '.join(changed)})"] if changed else []
+
+
+def check_resumable(out_dir: Path, saved: dict, current: dict) -> None:
+    """Refuse a resume whose parts could differ from the finished ones, naming each difference and its fix."""
+    if saved.get("version") != MANIFEST_VERSION:
+        raise UserError(f"{out_dir / MANIFEST}: manifest version {saved.get('version')!r}, this ner.predict "
+                        f"writes version {MANIFEST_VERSION} (it also pins the precision, device and threads the "
+                        "parts were computed with); finish that run with the ner.predict that started it, or pass "
+                        "--overwrite to start again")
+    settings, fixes = setting_differences(saved, current)
+    changed = model_differences(saved, current) + settings + input_differences(saved, current)
+    if changed:
+        how = f" ({', '.join(fixes)})" if fixes else ""
+        raise UserError(f"{out_dir}: written by another run ({'; '.join(changed)}); run with that run's model, "
+                        f"settings and input{how} to resume, or pass --overwrite to start again (it removes only "
+                        f"parts, manifest and {MERGED})")
 
 
 # ----------------------------------------------------------------------------- the output folder
@@ -342,22 +401,18 @@ class Plan:
         return [k for k in range(self.chunks) if k not in self.done][rank::world]
 
 
-def prepare(args: argparse.Namespace, sources: list[Source], precision: str) -> Plan:
+def prepare(args: argparse.Namespace, sources: list[Source], computed: dict) -> Plan:
     """Rank 0, before anyone writes: check OUT, refuse a changed run (or start again), count, write the manifest."""
     out_dir: Path = args.output_dir
     saved = check_folder_is_ours(out_dir)
     current = {"tool": "ner.predict", "version": MANIFEST_VERSION,
-               "model": model_identity(args.model_dir, args.runtime),
-               "settings": corpus_settings(args, precision), "inputs": input_identity(sources)}
+               "model": model_identity(args.model_dir, args.runtime), "settings": corpus_settings(args),
+               "computation": computed, "inputs": input_identity(sources)}
     if saved is not None and args.overwrite:
         remove_ours(out_dir)
         saved = None
     if saved is not None:
-        changed = differences(saved, current)
-        if changed:
-            raise UserError(f"{out_dir}: written by another run ({'; '.join(changed)}); rerun that command to "
-                            "resume, or pass --overwrite to start again (it removes only parts, manifest and "
-                            f"{MERGED})")
+        check_resumable(out_dir, saved, current)
         remove_ours(out_dir, temporaries_only=True)  # a killed writer's leftovers; the parts are whole
         return Plan(saved["texts"], args.chunk_texts, frozenset(finished_chunks(out_dir)))
     counts = [count_texts(source, args.text_column) for source in sources]
@@ -437,28 +492,18 @@ def _duration(seconds: float) -> str:
     return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s"
 
 
-def tag_my_chunks(args: argparse.Namespace, backend, sources: list[Source], plan: Plan,
-                  progress: Progress) -> str | None:
-    """Tag and write this process's chunks; the first error a user can fix is returned, not raised, so the
-    other processes still meet this one at the end."""
+def tag_my_chunks(args: argparse.Namespace, backend, tagger, sources: list[Source], plan: Plan,
+                  progress: Progress) -> None:
+    """Tag and write this process's chunks (run inside all_or_none: a failure stops this process only, the
+    others finish their chunks, kept for the rerun, before they learn of it)."""
     from ner.hooks import inject_fault
-    from ner.infer import Tagger
 
     mine = plan.mine(backend.process_index, backend.num_processes)
-    if not mine:
-        return None
-    try:
-        tagger = Tagger(args.model_dir, device=str(backend.device), precision=args.mixed_precision,
-                        max_seq_length=args.max_seq_length, context=args.context, decode=args.decode,
-                        runtime=args.runtime)
-        for k, units in owned_chunks(sources, args.text_column, plan, mine):
-            text = tag_chunk(tagger, args, units)
-            inject_fault(k, backend.process_index)  # NER_FAULT_INJECT="kill:CHUNK[:RANK]": a kill inside a chunk
-            atomic_write_text(args.output_dir / part_name(k), text, fsync=True)
-            progress.report()
-    except UserError as exc:
-        return str(exc)
-    return None
+    for k, units in owned_chunks(sources, args.text_column, plan, mine):
+        text = tag_chunk(tagger, args, units)
+        inject_fault(k, backend.process_index)  # NER_FAULT_INJECT="kill:CHUNK[:RANK]": a kill inside a chunk
+        atomic_write_text(args.output_dir / part_name(k), text, fsync=True)
+        progress.report()
 
 
 def merge_parts(out_dir: Path, plan: Plan) -> Path:
@@ -474,14 +519,59 @@ def merge_parts(out_dir: Path, plan: Plan) -> Path:
     return out_dir / MERGED
 
 
-def corpus_budget(args: argparse.Namespace, device_type: str) -> tuple[int, int]:
-    """--batch-size / --max-tokens, else the default of the device that runs the passes: resolved before the
-    manifest is written, so a resume on another device type is refused rather than mixing batch shapes."""
+def load_tagger(args: argparse.Namespace, backend):
+    """This process's model copy on its device; --batch-size / --max-tokens resolved for what runs the passes
+    (before the manifest is written, so a resume on another device type is refused, not mixed)."""
     from ner.config import inference_budget
-    from ner.runtime import onnx_runs_on
+    from ner.infer import Tagger
 
-    runs_on = device_type if args.runtime == "torch" else onnx_runs_on(device_type)
-    return inference_budget(runs_on, args.batch_size, args.max_tokens)
+    tagger = Tagger(args.model_dir, device=str(backend.device), precision=args.mixed_precision,
+                    max_seq_length=args.max_seq_length, context=args.context, decode=args.decode,
+                    runtime=args.runtime)
+    args.batch_size, args.max_tokens = inference_budget(tagger.runtime.device_type, args.batch_size,
+                                                        args.max_tokens)
+    return tagger
+
+
+def one_line(exc: Exception, backend) -> str:
+    """An unexpected exception as the one line every process reports: its type, its first line, and which
+    process met it where there are several (a file gone on one node, a device out of memory)."""
+    first = next(iter(str(exc).strip().splitlines()), "")
+    where = f"process {backend.process_index} of {backend.num_processes}: " if backend.num_processes > 1 else ""
+    return f"{where}{type(exc).__name__}" + (f": {first}" if first else "")
+
+
+@contextmanager
+def all_or_none(backend) -> Iterator[None]:
+    """Run the block in every process, then meet: a failure in any one (a UserError, or any other exception)
+    is raised in every process as the same one-line UserError, the lowest rank's first, so no process waits
+    at the next collective for one that has already stopped."""
+    error, cause = None, None
+    try:
+        yield
+    except UserError as exc:
+        error, cause = str(exc), exc
+    except Exception as exc:  # not only ours: a FileNotFoundError or OOM would otherwise leave the others waiting
+        error, cause = one_line(exc, backend), exc
+    errors = [e for e in backend.gather_object(error) if e]
+    if errors:
+        raise UserError(errors[0]) from cause
+
+
+def check_processes_agree(views: list[tuple[list[Source], dict]]) -> None:
+    """Every process must read the same inputs and compute the same way, or a part's bytes would depend on
+    the process that wrote it; views: (sources, computation) by rank."""
+    sources, computed = views[0]
+    for rank, (other_sources, other_computed) in enumerate(views[1:], start=1):
+        if other_sources != sources:
+            raise UserError(f"process {rank} lists other inputs than process 0 ({len(other_sources)} against "
+                            f"{len(sources)} files, or other names); give every process the same INPUT paths, on a "
+                            "file system all of them see")
+        differing = [f"{key}: {computed[key]!r} in process 0, {value!r} in process {rank}"
+                     for key, value in other_computed.items() if computed.get(key) != value]
+        if differing:
+            raise UserError(f"the processes would compute differently ({'; '.join(differing)}); give every "
+                            "process the same device type and OMP_NUM_THREADS")
 
 
 def check_corpus_args(args: argparse.Namespace) -> None:
@@ -497,31 +587,29 @@ def check_corpus_args(args: argparse.Namespace) -> None:
 
 
 def tag_corpus(args: argparse.Namespace) -> int:
-    """The whole run in every process: rank 0 prepares, all tag their chunks, rank 0 merges."""
-    from ner.backends import inference_backend, resolve_precision
+    """The whole run in every process: all list the input and load the model, rank 0 prepares, all tag their
+    chunks, rank 0 merges. Each step that can fail ends where every process meets (all_or_none)."""
+    from ner.backends import inference_backend
 
     check_corpus_args(args)
     backend = inference_backend(args.dist_timeout)
     try:
-        sources = expand_inputs([str(p) for p in args.inputs], args.jsonl, args.output_dir)
-        precision = resolve_precision(args.mixed_precision, backend.device)
-        args.batch_size, args.max_tokens = corpus_budget(args, backend.device.type)
-        plan_or_error: Plan | str | None = None
-        if backend.is_main_process:
-            try:
-                plan_or_error = prepare(args, sources, precision)
-            except UserError as exc:
-                plan_or_error = str(exc)
-        plan = backend.gather_object(plan_or_error)[0]  # every process waits for rank 0's check
-        if isinstance(plan, str):
-            raise UserError(plan)
+        with all_or_none(backend):
+            sources = expand_inputs([str(p) for p in args.inputs], args.jsonl, args.output_dir)
+            tagger = load_tagger(args, backend)
+            computed = computation(tagger, args)
+        check_processes_agree(backend.gather_object((sources, computed)))
+        plan = None
+        with all_or_none(backend):
+            if backend.is_main_process:
+                plan = prepare(args, sources, computed)
+        plan = backend.gather_object(plan)[0]
         if backend.is_main_process and not args.quiet:
             print(f"corpus: {plan.texts:,} texts in {plan.chunks} chunks of {plan.chunk_texts}, "
                   f"{len(plan.done)} done already; {backend.num_processes} process(es)", file=sys.stderr, flush=True)
         progress = Progress(args.output_dir, plan, backend.num_processes, args.quiet or not backend.is_main_process)
-        errors = [e for e in backend.gather_object(tag_my_chunks(args, backend, sources, plan, progress)) if e]
-        if errors:
-            raise UserError(errors[0])
+        with all_or_none(backend):
+            tag_my_chunks(args, backend, tagger, sources, plan, progress)
         if backend.num_processes > 1:
             progress.report()  # every process has finished: the last line counts all of them
         if args.merge and backend.is_main_process:

@@ -221,17 +221,98 @@ def test_without_output_dir_several_inputs_are_refused(random_model, corpus, cap
     assert "several INPUTs need --output-dir" in capsys.readouterr().err
 
 
-def test_the_manifest_records_model_settings_and_input(random_model, corpus, tmp_path):
+def test_the_manifest_records_model_settings_computation_and_input(random_model, corpus, tmp_path):
+    import torch
+
     out = tmp_path / "out"
     assert tag(random_model, out, corpus["first"]) == 0
     manifest = json.loads((out / "manifest.json").read_text())
     assert "model.safetensors" in manifest["model"]["sha256"]
     assert manifest["settings"]["chunk_texts"] == 4096 and manifest["texts"] == 7
-    # the batch budget as resolved for the device (the CPU's tokens here; windows as given), so a resume on a GPU
-    # is refused, not mixed
-    assert (manifest["settings"]["batch_size"], manifest["settings"]["max_tokens"]) == (3, INFERENCE_BUDGETS["cpu"][1])
+    # how the numbers were computed, as the loaded Tagger does it; the batch budget as resolved for the device
+    # (the CPU's tokens here; windows as given), so a resume on a GPU is refused, not mixed
+    assert manifest["computation"] == {
+        "runtime": "torch", "precision": "no", "device": "cpu", "threads": torch.get_num_threads(), "casing": "none",
+        "context": "none", "decode": "viterbi", "max_seq_length": 128, "batch_size": 3,
+        "max_tokens": INFERENCE_BUDGETS["cpu"][1]}
     assert manifest["inputs"][0]["files"][0]["size"] == corpus["first"].stat().st_size
     shutil.rmtree(out)
+
+
+def test_a_resume_on_another_thread_count_is_refused_and_the_same_count_resumes(random_model, corpus, tmp_path,
+                                                                               capsys):
+    """A CPU operator on N threads sums in another order than on M: the parts could differ in the last digits."""
+    import torch
+
+    out, inputs, extra = tmp_path / "out", (corpus["first"], corpus["second"]), ("--chunk-texts", "4", "--merge")
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert tag(random_model, out, *inputs, extra=extra) == 0
+        reference = folder_bytes(out)
+        (out / "part-00001.jsonl").unlink()
+        (out / "predictions.jsonl").unlink()
+        torch.set_num_threads(2)
+        capsys.readouterr()
+        assert tag(random_model, out, *inputs, extra=extra) == 2
+        err = capsys.readouterr().err
+        assert "threads: 1 before, 2 now" in err and "OMP_NUM_THREADS=1" in err and "--overwrite" in err
+        assert len(err.strip().splitlines()) == 1
+        assert sorted(folder_bytes(out)) == ["part-00000.jsonl", "part-00002.jsonl"]  # nothing written
+        torch.set_num_threads(1)
+        # what does not change the bytes stays free: progress lines, the wait limit
+        assert main([str(random_model), *map(str, inputs), "--output-dir", str(out), "--mixed-precision", "no",
+                     "--batch-size", "3", "--dist-timeout", "60", *extra]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    assert folder_bytes(out) == reference
+
+
+@pytest.mark.parametrize(("first", "then", "named", "fix"), [
+    (("--decode", "argmax"), ("--decode", "viterbi"), "decode: 'argmax' before, 'viterbi' now", "--decode argmax"),
+    ((), ("--mixed-precision", "bf16"), "precision: 'no' before, 'bf16' now", "--mixed-precision no"),
+    ((), ("--max-seq-length", "64"), "max_seq_length: 128 before, 64 now", "--max-seq-length 128"),
+    ((), ("--batch-size", "2"), "batch_size: 3 before, 2 now", "--batch-size 3"),
+])
+def test_a_resume_that_would_compute_otherwise_is_refused_naming_the_setting(random_model, corpus, tmp_path, capsys,
+                                                                            first, then, named, fix):
+    out = tmp_path / "out"
+    assert tag(random_model, out, corpus["first"], extra=("--chunk-texts", "4", *first)) == 0
+    before = folder_bytes(out)
+    capsys.readouterr()
+    assert tag(random_model, out, corpus["first"], extra=("--chunk-texts", "4", *then)) == 2
+    err = capsys.readouterr().err
+    assert named in err and f"({fix})" in err and "--overwrite" in err
+    assert folder_bytes(out) == before
+
+
+def test_a_manifest_of_another_runtime_or_device_is_refused_naming_them(random_model, corpus, tmp_path, capsys):
+    """As an ONNX run on a GPU would have written it (neither is available to the test)."""
+    out = tmp_path / "out"
+    assert tag(random_model, out, corpus["first"]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["computation"].update(runtime="onnx", device="gpu", threads=None)
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    capsys.readouterr()
+    assert tag(random_model, out, corpus["first"]) == 2
+    err = capsys.readouterr().err
+    assert "runtime: 'onnx' before, 'torch' now" in err and "device: 'gpu' before, 'cpu' now" in err
+    assert "threads: None before" in err and "(--runtime onnx, a gpu device)" in err
+
+
+def test_a_manifest_from_before_the_computation_was_recorded_is_refused(random_model, corpus, tmp_path, capsys):
+    """Version 1 did not record threads, device or the precision used: its parts cannot be shown to match."""
+    out = tmp_path / "out"
+    assert tag(random_model, out, corpus["first"], extra=("--chunk-texts", "4")) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    del manifest["computation"]
+    (out / "manifest.json").write_text(json.dumps({**manifest, "version": 1}))
+    capsys.readouterr()
+    assert tag(random_model, out, corpus["first"], extra=("--chunk-texts", "4")) == 2
+    err = capsys.readouterr().err
+    assert f"{out / 'manifest.json'}: manifest version 1, this ner.predict writes version 2" in err
+    assert "--overwrite" in err
+    assert tag(random_model, out, corpus["first"], extra=("--chunk-texts", "4", "--overwrite")) == 0
 
 
 @pytest.mark.slow

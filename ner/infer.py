@@ -44,6 +44,7 @@ from ner.encode import (
     owned_positions,
 )
 from ner.errors import UserError
+from ner.files import sha256_file
 from ner.metrics import entity_scores
 from ner.runtime import ROWS_PER_FORWARD, OnnxRuntime, TorchRuntime, onnx_device_type, onnx_path
 from ner.text import Word, split_words
@@ -192,6 +193,21 @@ def load_tokenizer(model_dir: Path):
     return AutoTokenizer.from_pretrained(model_dir)
 
 
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.onnx")
+
+
+def model_version(model_dir: Path) -> str:
+    """The one name of an export, in ner.predict's Label Studio tasks and in ner.serve's answers: its folder
+    name (with the parent where it is OUTPUT_DIR/final) and a short hash of its weights, so two models are
+    told apart, and a model retrained into the same place gets a new version."""
+    model_dir = Path(model_dir)
+    weights = next((model_dir / name for name in WEIGHT_FILES if (model_dir / name).is_file()),
+                   model_dir / "config.json")
+    folder = model_dir.resolve()
+    name = f"{folder.parent.name}/{folder.name}" if folder.name == "final" else folder.name
+    return f"{name}@{sha256_file(weights)[:8]}"
+
+
 class Tagger:
     """An exported model folder on one device, ready to tag lists of words.
 
@@ -206,6 +222,9 @@ class Tagger:
         import transformers
 
         transformers.utils.logging.disable_progress_bar()
+        self.options = {"device": device, "precision": precision, "max_seq_length": max_seq_length,
+                        "pad_to_multiple_of": pad_to_multiple_of, "context": context, "decode": decode,
+                        "runtime": runtime}  # as given: like() loads another model the same way
         model_dir = Path(model_dir)
         if not (model_dir / "config.json").is_file():
             raise UserError(f"{model_dir}: not a model folder (no config.json); pass OUTPUT_DIR/final")
@@ -250,6 +269,10 @@ class Tagger:
         """From the options config.add_model_arguments defines."""
         return cls(args.model_dir, precision=args.mixed_precision, max_seq_length=args.max_seq_length,
                    context=args.context, decode=args.decode, runtime=args.runtime)
+
+    def like(self, model_dir: str | Path) -> Tagger:
+        """Another export, loaded with the options this one was given (a server's swap keeps its settings)."""
+        return Tagger(model_dir, **self.options)
 
     def uses_context(self, examples: list[Example]) -> bool:
         """auto: document context where the model was trained with it and the input has documents

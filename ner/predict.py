@@ -40,7 +40,7 @@ from ner.config import add_inference_arguments
 from ner.corpus import add_corpus_arguments, tag_corpus
 from ner.data import Example, check_known_labels, parse_jsonl, read_conll
 from ner.errors import UserError, cli
-from ner.infer import Tagger, entities, word_positions
+from ner.infer import Tagger, entities, model_version, word_positions
 from ner.spans import SPAN_HELP, entities_record, label_studio_task, span_record, text_of
 from ner.text import split_whitespace
 
@@ -132,7 +132,8 @@ def predict_raw(tagger: Tagger, args: argparse.Namespace, progress) -> int:
     records = read_text_records(args)
     results = tagger.predict([r["text"] for r in records], args.batch_size, args.max_tokens, progress)
     if args.format == "label-studio":
-        tasks = [label_studio_task(r, result["entities"], args.model_dir.name) for r, result in zip(records, results)]
+        version = model_version(args.model_dir)
+        tasks = [label_studio_task(r, result["entities"], version) for r, result in zip(records, results)]
         sys.stdout.write(json.dumps(tasks, ensure_ascii=False, indent=1) + "\n")
         return 0
     if args.format == "spans":

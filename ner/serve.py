@@ -19,7 +19,9 @@ GET /health (liveness): the model, its labels and types, "in_flight", "queued_te
 batcher has died (the process then exits 1). GET /ready (readiness): 200 once warmed up, else 503.
 GET /openapi.json documents the bodies (ner/serve_api.py). GET /metrics: Prometheus text format; every answer
 carries an X-Request-ID and gets one "ner.access" log line (ner/serve_metrics.py). --api-key (or NER_API_KEY):
-POST /predict needs `Authorization: Bearer KEY`. --cors-origin: pages served elsewhere may call the API.
+POST /predict needs `Authorization: Bearer KEY`, and so does every Label Studio route that tags or trains
+(--label-studio mounts them under /label-studio: ner/label_studio.py). --cors-origin: pages served elsewhere
+may call the API.
 --workers N: N processes on one port, each with its own model and batcher.
 
     NER_API_KEY=s3cret python -m ner.serve runs/ner/final --workers 2 --cors-origin https://app.example.com
@@ -220,15 +222,16 @@ def health_info(tagger, model_dir: Path) -> dict:
 
 
 def create_app(tagger, model_dir: Path, limits: Limits = Limits(), options: ServeOptions = ServeOptions(),
-               events: BatcherEvents | None = None, *, api_key: str | None = None, cors_origins: Sequence[str] = ()):
+               events: BatcherEvents | None = None, *, api_key: str | None = None, cors_origins: Sequence[str] = (),
+               label_studio: bool = False):
     """The FastAPI app: GET / (the page), GET /health, GET /ready, POST /predict, GET /metrics, GET /openapi.json;
     errors are {"error": ...}. app.state.batcher and app.state.lifecycle are its batcher and its readiness. With
     `api_key`, POST /predict needs `Authorization: Bearer <api_key>`. `events`: the batcher's listener (default:
-    the app's Prometheus metrics)."""
+    the app's Prometheus metrics). `label_studio`: mount Label Studio's ML backend routes under /label-studio."""
     from fastapi import Depends, FastAPI, Request
     from fastapi.responses import HTMLResponse, JSONResponse
 
-    from ner.serve_api import bearer_key_check, health_openapi, label_studio_key_check, predict_openapi, ready_openapi
+    from ner.serve_api import bearer_key_check, health_openapi, predict_openapi, ready_openapi
     from ner.serve_metrics import ServeMetrics
 
     metrics = ServeMetrics()
@@ -241,10 +244,15 @@ def create_app(tagger, model_dir: Path, limits: Limits = Limits(), options: Serv
         lifecycle.loop = asyncio.get_running_loop()
         batcher.start()
         warm_up = asyncio.create_task(lifecycle.warm_up())  # not awaited: /health answers, /ready says starting
+        watch = asyncio.create_task(app.state.label_studio.retrainer.watch()) if label_studio else None
         with drain_on_signals(lifecycle):
             yield
         warm_up.cancel()
+        if watch is not None:
+            watch.cancel()
+            await app.state.label_studio.retrainer.stop()  # no ner.train outlives the server
         await batcher.stop()  # uvicorn has answered the requests in flight by now
+        metrics.process_ended()
 
     app = FastAPI(title="ner", lifespan=lifespan, docs_url=None, redoc_url=None)  # the docs pages load a CDN
     page = resources.files("ner").joinpath("static/index.html").read_text(encoding="utf-8")
@@ -292,18 +300,31 @@ def create_app(tagger, model_dir: Path, limits: Limits = Limits(), options: Serv
     add_operations(app, metrics, cors_origins)
     app.state.batcher = batcher
     app.state.lifecycle = lifecycle
-    from ner import label_studio  # Label Studio's ML backend protocol under /label-studio (docs/label_studio.md)
+    app.state.metrics = metrics
+    app.state.label_studio = mount_label_studio(app, batcher, tagger, model_dir, info["types"], limits,
+                                                api_key) if label_studio else None
+    return app
 
-    backend = label_studio.Backend(batcher.submit, model_dir, info["types"],
+
+def mount_label_studio(app, batcher: MicroBatcher, tagger, model_dir: Path, types: list[str], limits: Limits,
+                       api_key: str | None):
+    """Label Studio's ML backend protocol under /label-studio (docs/label_studio.md), sharing the batcher and the
+    limits; every route that tags or trains needs the key. Retraining swaps in models loaded as `tagger` was."""
+    from fastapi import Depends
+
+    from ner import label_studio
+    from ner.serve_api import label_studio_key_check, label_studio_openapi
+
+    backend = label_studio.Backend(batcher.submit, model_dir, types,
                                    swap_predict=lambda new: setattr(batcher, "predict", new.predict),
                                    check_texts=lambda texts: check_texts(texts, limits.max_texts,
-                                                                         limits.max_text_chars))
-    # Every route that tags or trains needs the key; /label-studio/health answers as /health does
+                                                                         limits.max_text_chars),
+                                   load_tagger=getattr(tagger, "like", None))
     guard = [Depends(label_studio_key_check(api_key))] if api_key is not None else []
-    app.include_router(label_studio.router(backend, guard, partial(read_body, limit=limits.max_request_bytes)),
+    app.include_router(label_studio.router(backend, guard, partial(read_body, limit=limits.max_request_bytes),
+                                           openapi=label_studio_openapi(api_key is not None)),
                        prefix=label_studio.PREFIX)
-    app.state.label_studio = backend
-    return app
+    return backend
 
 
 def add_operations(app, metrics, cors_origins: Sequence[str]) -> None:
@@ -405,11 +426,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def add_operation_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
-                        help=f"POST /predict then needs 'Authorization: Bearer KEY'; GET /, /health, /ready and "
-                             f"/metrics stay open (default: ${API_KEY_ENV}, else none; the variable keeps the key "
-                             f"out of `ps`)")
+                        help=f"POST /predict and the Label Studio routes that tag or train then need "
+                             f"'Authorization: Bearer KEY'; GET /, /health, /ready and /metrics stay open "
+                             f"(default: ${API_KEY_ENV}, else none; the variable keeps the key out of `ps`)")
     parser.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
                         help="let pages from ORIGIN (e.g. https://app.example.com) call the API; repeatable")
+    parser.add_argument("--label-studio", action="store_true",
+                        help="also serve Label Studio's ML backend routes under /label-studio (predictions, "
+                             "retraining: docs/label_studio.md); with --api-key they need the key too")
     parser.add_argument("--workers", type=int, default=1,
                         help="processes serving the one port, each with its own model and batcher (default: 1); "
                              "each gets cores/N threads unless OMP_NUM_THREADS is set")
@@ -439,7 +463,7 @@ def app_from_args(args: argparse.Namespace):
     limits, options = limits_of(args)
     tagger = Tagger.from_args(args)
     return create_app(tagger, args.model_dir, limits, options, api_key=args.api_key or None,
-                      cors_origins=args.cors_origin)
+                      cors_origins=args.cors_origin, label_studio=args.label_studio)
 
 
 def configure_logging() -> None:
@@ -459,7 +483,11 @@ def app_factory():
         log.error("error: %s", exc)
         sys.exit(3)
     # a dead batcher ends this worker with status 1 (uvicorn's supervisor starts another): /health said 503
-    app.state.lifecycle.on_failure = lambda reason: app.state.lifecycle.loop.call_later(0.5, os._exit, 1)
+    def exit_failed(reason: str) -> None:
+        app.state.metrics.process_ended()  # its queue gauge leaves the sum
+        os._exit(1)
+
+    app.state.lifecycle.on_failure = lambda reason: app.state.lifecycle.loop.call_later(0.5, exit_failed, reason)
     return app
 
 
@@ -511,17 +539,19 @@ def run_workers(args: argparse.Namespace, argv: list[str], options: ServeOptions
     import json
     import shutil
     import tempfile
+    import uuid
 
     import uvicorn
 
+    from ner.label_studio import SESSION_ENV
     from ner.serve_metrics import MULTIPROC_ENV
 
     if not (args.model_dir / "config.json").is_file():  # before N workers each fail on it
         raise UserError(f"{args.model_dir}: not a model folder (no config.json); pass OUTPUT_DIR/final")
     made_dir = None if MULTIPROC_ENV in os.environ else tempfile.mkdtemp(prefix="ner-serve-metrics-")
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    env = {ARGV_ENV: json.dumps(argv), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS",
-                                                                        str(max(1, cores // args.workers)))}
+    threads = os.environ.get("OMP_NUM_THREADS", str(max(1, cores // args.workers)))
+    env = {ARGV_ENV: json.dumps(argv), SESSION_ENV: uuid.uuid4().hex, "OMP_NUM_THREADS": threads}
     if made_dir is not None:
         env[MULTIPROC_ENV] = made_dir
     saved = {name: os.environ.get(name) for name in env}

@@ -131,6 +131,39 @@ def metrics_openapi() -> dict:
                                 "content": {"text/plain": {"schema": {"type": "string"}}}}}}
 
 
+def label_studio_openapi(api_key: bool) -> dict[str, dict]:
+    """Route name -> the decorator arguments that document /label-studio/*: Label Studio's bodies are JSON
+    objects checked by meaning (the label config's XML, the tasks' fields), so their schemas are open objects;
+    the statuses are exact."""
+    anything = {"content": {"application/json": {"schema": {"type": "object"}}}}
+    error = {"content": {"application/json": {"schema": Error.model_json_schema()}}}
+    body = {"requestBody": {"required": True, **anything}}
+    refused = {413: {"description": "body over --max-request-bytes, more tasks than --max-texts, or a text over "
+                                    "--max-text-chars", **error},
+               422: {"description": "not a JSON object, or a label config or task this backend cannot serve",
+                     **error}}
+    if api_key:
+        refused[401] = {"description": "no key: Authorization: Bearer KEY, or basic auth with KEY as the password",
+                        **error, "headers": {"WWW-Authenticate": {"schema": {"type": "string"}}}}
+    busy = {500: {"description": "the model failed on a task's text", **error},
+            503: {"description": "the queue is full or the server is stopping", **error, "headers": RETRY_AFTER},
+            504: {"description": "not answered within --request-timeout", **error}}
+    answers = {"health": "the backend is up: its model_version and the last training's status",
+               "setup": "the model_version", "predict": "one result per task, in order",
+               "webhook": "the event was received; whether it started a training",
+               "train": "whether a training started"}
+    documented = {}
+    for route, why in answers.items():
+        responses = {200: {"description": why, **anything}}
+        if route != "health":
+            responses.update(refused)
+            documented[route] = {"openapi_extra": body}
+        if route == "predict":
+            responses.update(busy)
+        documented[route] = {**documented.get(route, {}), "responses": responses}
+    return documented
+
+
 def bearer_key_check(api_key: str):
     """A FastAPI dependency: 401 {"error"} with WWW-Authenticate: Bearer unless the request sends
     `Authorization: Bearer <api_key>`. Compared in constant time, so the answer's timing does not reveal

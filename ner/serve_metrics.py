@@ -29,6 +29,7 @@ MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # A request's id goes into log lines and headers: visible ASCII only (no spaces, no newlines), and short.
 REQUEST_ID = re.compile(r"[!-~]{1,128}")
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 BATCH_TEXTS_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 BATCH_WORDS_BUCKETS = (8, 32, 128, 512, 1024, 2048, 4096, 8192, 16384)
@@ -90,8 +91,14 @@ class ServeMetrics:
         self.queue_texts.set(self.queued_texts())
 
     def request(self, route: str, method: str, status: int, seconds: float) -> None:
+        method = method if method in METHODS else "other"  # a client's token must not make a series each
         self.requests.labels(route, method, str(status)).inc()
         self.request_seconds.labels(route).observe(seconds)
+
+    def process_ended(self) -> None:
+        """With --workers: this worker's live gauges leave the sum (prometheus-client's mark_process_dead)."""
+        if self.multiproc_dir is not None:
+            prometheus_multiprocess.mark_process_dead(os.getpid(), self.multiproc_dir)
 
     def render(self) -> bytes:
         """The Prometheus text format: this app's registry, or the sum over every worker's files."""

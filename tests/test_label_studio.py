@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import re
+import sys
 import threading
 import time
 from pathlib import Path
@@ -17,7 +19,8 @@ httpx = pytest.importorskip("httpx")
 
 from fastapi.testclient import TestClient  # noqa: E402
 
-from ner.label_studio import ConfigError, Target, map_types, model_version, parse_label_config  # noqa: E402
+from ner.infer import model_version  # noqa: E402
+from ner.label_studio import ConfigError, Target, map_types, parse_label_config  # noqa: E402
 from ner.serve import Limits, create_app  # noqa: E402
 
 NER_CONFIG = """<View>
@@ -45,7 +48,7 @@ def tagger(random_model):
 
 @pytest.fixture(scope="module")
 def client(tagger, random_model):
-    with TestClient(create_app(tagger, random_model, Limits())) as test_client:
+    with TestClient(create_app(tagger, random_model, Limits(), label_studio=True)) as test_client:
         yield test_client
 
 
@@ -235,8 +238,9 @@ def retraining_app(tagger, random_model, tmp_path, monkeypatch):
 
     monkeypatch.setenv("NER_RETRAIN_DIR", str(tmp_path / "runs"))
     monkeypatch.setenv("NER_RETRAIN_ARGS", TINY_TRAINING)
-    monkeypatch.delenv("LABEL_STUDIO_URL", raising=False)
-    monkeypatch.delenv("LABEL_STUDIO_API_KEY", raising=False)
+    monkeypatch.setenv("NER_RETRAIN_MIN_INTERVAL_S", "0")
+    monkeypatch.setenv("LABEL_STUDIO_URL", "http://label-studio.test")
+    monkeypatch.setenv("LABEL_STUDIO_API_KEY", "tok")
     export = label_studio_export(make_sentences(24, seed=5))
     seen = []
 
@@ -244,14 +248,14 @@ def retraining_app(tagger, random_model, tmp_path, monkeypatch):
         seen.append(request)
         return httpx.Response(200, json=export)
 
-    app = create_app(tagger, random_model, Limits())
+    app = create_app(tagger, random_model, Limits(), label_studio=True)
     app.state.label_studio.retrainer.transport = httpx.MockTransport(label_studio)
     return app, seen
 
 
 def connect(client) -> None:
     setup = client.post("/label-studio/setup", json={"project": "5.1700000000", "schema": NER_CONFIG,
-                                                     "hostname": "http://label-studio.test", "access_token": "tok"})
+                                                     "hostname": "http://label-studio.test", "access_token": "its"})
     assert setup.status_code == 200
 
 
@@ -321,9 +325,11 @@ def test_server_answers_while_training_and_keeps_its_model_when_training_fails(r
 
 def test_every_n_new_annotations_start_a_training(retraining_app):
     app, _ = retraining_app
+    import dataclasses
+
     retrainer = app.state.label_studio.retrainer
     started = []
-    retrainer.every = 2
+    retrainer.options = dataclasses.replace(retrainer.options, every=2)
     retrainer.start = lambda project: started.append(project) or True
     with TestClient(app) as client:
         for action in ("ANNOTATION_CREATED", "PROJECT_UPDATED", "ANNOTATION_UPDATED", "ANNOTATION_CREATED"):
@@ -357,7 +363,7 @@ def test_every_label_studio_route_that_tags_or_trains_needs_the_key(tagger, rand
     basic = lambda user, password: "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()  # noqa: E731
     bodies = {"setup": {"project": "1.1", "schema": NER_CONFIG}, "predict": {"tasks": [{"data": {"text": "Ada"}}]},
               "webhook": {"action": "PROJECT_UPDATED"}, "train": {"project": None}}
-    with TestClient(create_app(tagger, random_model, Limits(), api_key=key)) as client:
+    with TestClient(create_app(tagger, random_model, Limits(), api_key=key, label_studio=True)) as client:
         for route, body in bodies.items():
             for refused in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": basic("ls", "wrong")},
                             {"Authorization": "Basic !!!"}, {"Authorization": key}):
@@ -368,36 +374,80 @@ def test_every_label_studio_route_that_tags_or_trains_needs_the_key(tagger, rand
         assert client.get("/label-studio/health").status_code == 200  # tags and trains nothing, as /health
 
 
-def test_the_servers_label_studio_key_never_goes_to_an_address_a_request_named(tagger, random_model, tmp_path,
-                                                                                 monkeypatch):
-    """LABEL_STUDIO_API_KEY without LABEL_STUDIO_URL: a /setup naming another host without a token of its own
-    starts nothing; with one, the export is fetched with that token, never the server's key."""
+class Listener:
+    """A local HTTP server standing for a host: it records every request's path and Authorization header and
+    answers `status`."""
+
+    def __init__(self, status: int = 500) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        seen = self.seen = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 (http.server's name)
+                seen.append((self.path, self.headers.get("Authorization")))
+                self.send_response(status)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            do_POST = do_GET  # noqa: N815
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.parametrize("configured", [True, False])
+def test_no_key_ever_goes_to_an_address_a_request_named(tagger, random_model, tmp_path, monkeypatch, configured):
+    """/setup naming another host (a local listener), with a token of its own, then a training request: the
+    listener sees nothing. With LABEL_STUDIO_URL the export comes from there, with the server's key; without
+    it nothing is fetched at all."""
+    elsewhere, label_studio = Listener(), Listener()
     monkeypatch.setenv("LABEL_STUDIO_API_KEY", "server-key")
-    monkeypatch.delenv("LABEL_STUDIO_URL", raising=False)
+    if configured:
+        monkeypatch.setenv("LABEL_STUDIO_URL", label_studio.url)
+    else:
+        monkeypatch.delenv("LABEL_STUDIO_URL", raising=False)
     monkeypatch.setenv("NER_RETRAIN_DIR", str(tmp_path / "runs"))
-    seen = []
-    app = create_app(tagger, random_model, Limits())
-    app.state.label_studio.retrainer.transport = httpx.MockTransport(
-        lambda request: seen.append(request) or httpx.Response(500))
-    with TestClient(app) as client:
-        client.post("/label-studio/setup", json={"hostname": "http://elsewhere.test"})
-        assert client.post("/label-studio/train", json={"project": 5}).json()["training"] is False
-        client.post("/label-studio/setup", json={"hostname": "http://elsewhere.test", "access_token": "its-own"})
-        assert client.post("/label-studio/train", json={"project": 5}).json()["training"] is True
-        deadline = time.monotonic() + 30
-        while client.get("/label-studio/health").json()["training"]["status"] == "training":
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-    assert [(r.url.host, r.headers["authorization"]) for r in seen] == [("elsewhere.test", "Token its-own")]
+    try:
+        with TestClient(create_app(tagger, random_model, Limits(), label_studio=True)) as client:
+            setup = client.post("/label-studio/setup", json={"hostname": elsewhere.url, "access_token": "its-own"})
+            assert setup.status_code == 200
+            assert client.post("/label-studio/train", json={"project": 5}).json()["training"] is configured
+            deadline = time.monotonic() + 30
+            while client.get("/label-studio/health").json()["training"]["status"] == "training":
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+    finally:
+        elsewhere.close()
+        label_studio.close()
+    assert elsewhere.seen == []
+    assert label_studio.seen == ([("/api/projects/5/export?exportType=JSON", "Token server-key")] if configured
+                                 else [])
 
 
-def test_a_configured_label_studio_is_the_only_one_its_key_goes_to(tagger, random_model, monkeypatch):
+def test_setup_never_changes_where_exports_come_from(tagger, random_model, monkeypatch, caplog):
     monkeypatch.setenv("LABEL_STUDIO_URL", "http://label-studio.internal")
     monkeypatch.setenv("LABEL_STUDIO_API_KEY", "server-key")
-    app = create_app(tagger, random_model, Limits())
+    app = create_app(tagger, random_model, Limits(), label_studio=True)
     retrainer = app.state.label_studio.retrainer
-    retrainer.remember({"hostname": "http://elsewhere.test", "access_token": "other"})
-    assert (retrainer.url, retrainer.api_key) == ("http://label-studio.internal", "server-key")
+    with caplog.at_level(logging.WARNING, logger="ner.label_studio"):
+        retrainer.confirm({"hostname": "http://elsewhere.test", "access_token": "other"})
+    assert (retrainer.options.url, retrainer.options.api_key) == ("http://label-studio.internal", "server-key")
+    assert "http://elsewhere.test" in caplog.text and "LABEL_STUDIO_URL" in caplog.text
+
+
+def test_label_studio_routes_are_mounted_only_when_asked_for(tagger, random_model):
+    with TestClient(create_app(tagger, random_model, Limits())) as client:
+        assert client.get("/label-studio/health").status_code == 404
+        assert client.post("/label-studio/predict", json={"tasks": []}).status_code == 404
 
 
 def test_label_studio_routes_keep_the_servers_limits_and_go_on_serving(tagger, random_model):
@@ -405,7 +455,7 @@ def test_label_studio_routes_keep_the_servers_limits_and_go_on_serving(tagger, r
     (not a queue's 503 with Retry-After forever); the next request is answered."""
     tasks = lambda *texts: [{"id": i, "data": {"text": t}} for i, t in enumerate(texts)]  # noqa: E731
     limits = Limits(max_request_bytes=2000, max_texts=2, max_text_chars=50)
-    with TestClient(create_app(tagger, random_model, limits)) as client:
+    with TestClient(create_app(tagger, random_model, limits, label_studio=True)) as client:
         for body in ({"label_config": NER_CONFIG, "tasks": tasks("Ada", "Alan", "Grace")},
                      {"label_config": NER_CONFIG, "tasks": tasks("Ada " * 20)},
                      {"label_config": NER_CONFIG, "tasks": tasks("x" * 3000)}):
@@ -415,3 +465,140 @@ def test_label_studio_routes_keep_the_servers_limits_and_go_on_serving(tagger, r
             assert client.post(f"/label-studio/{route}", content=b"{" + b" " * 3000 + b"}").status_code == 413
         answered = client.post("/label-studio/predict", json={"label_config": NER_CONFIG, "tasks": tasks("Ada")})
         assert answered.status_code == 200 and len(answered.json()["results"]) == 1
+
+
+# ----------------------------------------------------------------------------- retraining that cannot run away
+
+@pytest.fixture
+def retraining_env(tmp_path, monkeypatch):
+    monkeypatch.setenv("NER_RETRAIN_DIR", str(tmp_path / "runs"))
+    monkeypatch.setenv("LABEL_STUDIO_URL", "http://label-studio.test")
+    monkeypatch.setenv("LABEL_STUDIO_API_KEY", "tok")
+    monkeypatch.setenv("NER_RETRAIN_MIN_INTERVAL_S", "0")
+    monkeypatch.setenv("NER_RETRAIN_KEEP", "2")
+    monkeypatch.setenv("NER_SERVE_SESSION", "one-server")  # what ner.serve --workers gives its workers
+    return tmp_path / "runs"
+
+
+def worker_app(tagger, random_model, export: list[dict]):
+    app = create_app(tagger, random_model, Limits(), label_studio=True)
+    app.state.label_studio.retrainer.transport = httpx.MockTransport(lambda request: httpx.Response(200, json=export))
+    return app
+
+
+def test_a_flood_of_webhooks_on_two_workers_trains_one_at_a_time_keeps_few_runs_and_reaches_both(
+        tagger, random_model, retraining_env):
+    """Two apps on one runs folder stand for two --workers: a flood of START_TRAINING to both starts one training
+    at a time across them (the lock file), old run folders are removed (NER_RETRAIN_KEEP=2, the served one kept),
+    and the worker that did not train adopts the new model (runs/serving.json)."""
+    import shutil
+
+    running, most = [0], [0]
+
+    async def fake_training(export, run_dir):  # stands in for ner.train: a new export with other weights
+        running[0] += 1
+        most[0] = max(most[0], running[0])
+        try:
+            await asyncio.sleep(0.3)
+            shutil.copytree(random_model, run_dir / "final")
+            (run_dir / "final" / "model.safetensors").write_bytes(os.urandom(64))  # a new model_version
+            return 0
+        finally:
+            running[0] -= 1
+
+    apps = [worker_app(tagger, random_model, []) for _ in range(2)]
+    for app in apps:
+        app.state.label_studio.retrainer.train = fake_training
+        app.state.label_studio.load_tagger = lambda model_dir: tagger  # the weights written above are not real
+    with TestClient(apps[0]) as first, TestClient(apps[1]) as second:
+        started = 0
+        deadline = time.monotonic() + 60
+        while started < 5:
+            assert time.monotonic() < deadline
+            for client in (first, second):
+                answer = client.post("/label-studio/webhook", json={"action": "START_TRAINING", "project": {"id": 3}})
+                started += answer.json()["training"]
+            time.sleep(0.02)
+        while any(c.get("/label-studio/health").json()["training"]["status"] == "training" for c in (first, second)):
+            time.sleep(0.05)
+        served = json.loads((retraining_env / "serving.json").read_text())
+        deadline = time.monotonic() + 30
+        while {c.get("/label-studio/health").json()["model_version"] for c in (first, second)} != {
+                served["model_version"]}:
+            assert time.monotonic() < deadline, "a worker still serves another model"
+            time.sleep(0.2)
+    assert most[0] == 1
+    runs = sorted(p.name for p in retraining_env.glob("project3-*"))
+    assert len(runs) == 2 and Path(served["model_dir"]).parent.name in runs
+
+
+def test_a_swapped_model_is_loaded_with_the_servers_own_options(random_model):
+    """The retrained export is loaded as the served one was: runtime, precision, context, decode, window."""
+    from ner.infer import Tagger
+
+    served = Tagger(random_model, precision="no", max_seq_length=24, context="none", decode="argmax")
+    app = create_app(served, random_model, Limits(), label_studio=True)
+    swapped = app.state.label_studio.load_tagger(random_model)
+    assert swapped is not served and swapped.options == served.options
+    assert (swapped.max_seq_length, swapped.context, swapped.decoder.method) == (24, "none", "argmax")
+
+
+def test_a_training_past_its_timeout_is_killed_and_the_served_model_stays(tagger, random_model, retraining_env,
+                                                                          monkeypatch):
+    monkeypatch.setenv("NER_RETRAIN_TIMEOUT_S", "1")
+    app = worker_app(tagger, random_model, [])
+    retrainer = app.state.label_studio.retrainer
+    pid_file = retraining_env / "pid"
+    retrainer.command = lambda export, run_dir: [sys.executable, "-c", SLEEPER, str(pid_file)]
+    with TestClient(app) as client:
+        assert client.post("/label-studio/train", json={"project": 4}).json()["training"] is True
+        status = wait_for_training(client, timeout_s=60)
+        assert not alive(int(pid_file.read_text()))  # killed at the timeout, while the server goes on
+    assert status["status"] == "failed" and "NER_RETRAIN_TIMEOUT_S=1" in status["error"], status
+    assert status.get("model_version") is None and app.state.label_studio.version == model_version(random_model)
+
+
+def test_the_training_in_flight_ends_with_the_server(tagger, random_model, retraining_env):
+    app = worker_app(tagger, random_model, [])
+    pid_file = retraining_env / "pid"
+    app.state.label_studio.retrainer.command = lambda export, run_dir: [sys.executable, "-c", SLEEPER, str(pid_file)]
+    with TestClient(app) as client:
+        assert client.post("/label-studio/train", json={"project": 4}).json()["training"] is True
+        deadline = time.monotonic() + 60
+        while not pid_file.is_file() or not pid_file.read_text():
+            assert time.monotonic() < deadline, "the training never started"
+            time.sleep(0.05)
+    assert not alive(int(pid_file.read_text()))  # not orphaned: gone when the app's lifespan ended
+
+
+def test_a_second_training_within_the_minimum_interval_is_refused(tagger, random_model, retraining_env,
+                                                                  monkeypatch, caplog):
+    monkeypatch.setenv("NER_RETRAIN_MIN_INTERVAL_S", "3600")
+    app = worker_app(tagger, random_model, [])
+    app.state.label_studio.retrainer.command = lambda export, run_dir: [sys.executable, "-c", "pass"]
+    with TestClient(app) as client, caplog.at_level(logging.INFO, logger="ner.label_studio"):
+        assert client.post("/label-studio/train", json={"project": 4}).json()["training"] is True
+        wait_for_training(client)
+        assert client.post("/label-studio/train", json={"project": 4}).json()["training"] is False
+    assert "NER_RETRAIN_MIN_INTERVAL_S=3600" in caplog.text
+
+
+@pytest.mark.parametrize(("name", "value"), [("NER_RETRAIN_TIMEOUT_S", "soon"), ("NER_RETRAIN_KEEP", "0"),
+                                             ("NER_RETRAIN_EVERY", "-1")])
+def test_a_bad_retraining_setting_is_one_line_naming_it(tagger, random_model, monkeypatch, name, value):
+    from ner.errors import UserError
+
+    monkeypatch.setenv(name, value)
+    with pytest.raises(UserError, match=f"{name}={value!r}: expected a number"):
+        create_app(tagger, random_model, Limits(), label_studio=True)
+
+
+SLEEPER = "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(120)"
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True

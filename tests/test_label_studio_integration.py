@@ -95,14 +95,17 @@ def label_studio(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def backend(random_model, tmp_path_factory):
-    """(URL to paste into Label Studio, the server's log file) of `python -m ner.serve` on the tiny model."""
+def backend(random_model, tmp_path_factory, label_studio):
+    """(URL to paste into Label Studio, the server's log file) of `python -m ner.serve --label-studio` on the tiny
+    model, told where Label Studio is and its token (exports come from there only)."""
     port = free_local_port()
     log_path = tmp_path_factory.mktemp("serve") / "serve.log"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1",
-           "NER_RETRAIN_DIR": str(log_path.parent / "retrained"), "NER_RETRAIN_ARGS": TINY_TRAINING}
+           "NER_RETRAIN_DIR": str(log_path.parent / "retrained"), "NER_RETRAIN_ARGS": TINY_TRAINING,
+           "LABEL_STUDIO_URL": label_studio[1], "LABEL_STUDIO_API_KEY": TOKEN}
     with open(log_path, "w") as log_file:
-        process = subprocess.Popen(python_module("ner.serve", str(random_model), "--port", str(port)),
+        process = subprocess.Popen(python_module("ner.serve", str(random_model), "--port", str(port),
+                                                 "--label-studio"),
                                    stdout=log_file, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
         try:
             assert wait_until_healthy(f"http://127.0.0.1:{port}", process, timeout_s=120), log_path.read_text()
@@ -205,8 +208,8 @@ def test_label_studio_gets_predictions_from_ner_serve_then_its_export_trains(lab
 
 
 def retrain_through_label_studio(client, project_id: int, backend_url: str, version: str, tasks: list[dict]) -> None:
-    """*Start Training* in Label Studio: ner.serve fetches the export with the token /setup gave it, fine-tunes,
-    swaps; Label Studio then gets predictions of the new version."""
+    """*Start Training* in Label Studio: ner.serve fetches the export from LABEL_STUDIO_URL with its token,
+    fine-tunes, swaps; Label Studio then gets predictions of the new version."""
     [ml] = client.get("/api/ml", params={"project": project_id}).json()
     started = client.post(f"/api/ml/{ml['id']}/train", json={})
     assert started.status_code == 200, started.text

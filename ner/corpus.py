@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ner.data import Example
-from ner.errors import UserError
+from ner.errors import UserError, report
 from ner.files import atomic_write_text, sha256_file, staged_file
 from ner.spans import entities_record, text_of
 
@@ -587,38 +587,54 @@ def check_corpus_args(args: argparse.Namespace) -> None:
 
 
 def tag_corpus(args: argparse.Namespace) -> int:
-    """The whole run in every process: all list the input and load the model, rank 0 prepares, all tag their
-    chunks, rank 0 merges. Each step that can fail ends where every process meets (all_or_none)."""
+    """The whole run in every process; an error is printed once, by rank 0, before any process leaves."""
     from ner.backends import inference_backend
 
     check_corpus_args(args)
     backend = inference_backend(args.dist_timeout)
     try:
-        with all_or_none(backend):
-            sources = expand_inputs([str(p) for p in args.inputs], args.jsonl, args.output_dir)
-            tagger = load_tagger(args, backend)
-            computed = computation(tagger, args)
-        check_processes_agree(backend.gather_object((sources, computed)))
-        plan = None
-        with all_or_none(backend):
-            if backend.is_main_process:
-                plan = prepare(args, sources, computed)
-        plan = backend.gather_object(plan)[0]
-        if backend.is_main_process and not args.quiet:
-            print(f"corpus: {plan.texts:,} texts in {plan.chunks} chunks of {plan.chunk_texts}, "
-                  f"{len(plan.done)} done already; {backend.num_processes} process(es)", file=sys.stderr, flush=True)
-        progress = Progress(args.output_dir, plan, backend.num_processes, args.quiet or not backend.is_main_process)
-        with all_or_none(backend):
-            tag_my_chunks(args, backend, tagger, sources, plan, progress)
-        if backend.num_processes > 1:
-            progress.report()  # every process has finished: the last line counts all of them
+        tag_on_every_process(args, backend)
+    except UserError as exc:  # raised by every process at once (all_or_none)
+        return report_then_leave_together(exc, backend)
+    finally:
+        backend.end()
+    return 0
+
+
+def report_then_leave_together(exc: UserError, backend) -> int:
+    """Rank 0 prints the error, then all leave at once: a launcher stops the other processes as soon as one
+    exits, which could otherwise come before rank 0 has printed (torchrun did so here: no error line)."""
+    code = report(exc, backend.process_index)
+    backend.wait_for_everyone()
+    return code
+
+
+def tag_on_every_process(args: argparse.Namespace, backend) -> None:
+    """All list the input and load the model, rank 0 prepares, all tag their chunks, rank 0 merges. Each step
+    that can fail ends where every process meets (all_or_none): no UserError may come from one process only."""
+    with all_or_none(backend):
+        sources = expand_inputs([str(p) for p in args.inputs], args.jsonl, args.output_dir)
+        tagger = load_tagger(args, backend)
+        computed = computation(tagger, args)
+    check_processes_agree(backend.gather_object((sources, computed)))
+    plan = None
+    with all_or_none(backend):
+        if backend.is_main_process:
+            plan = prepare(args, sources, computed)
+    plan = backend.gather_object(plan)[0]
+    if backend.is_main_process and not args.quiet:
+        print(f"corpus: {plan.texts:,} texts in {plan.chunks} chunks of {plan.chunk_texts}, "
+              f"{len(plan.done)} done already; {backend.num_processes} process(es)", file=sys.stderr, flush=True)
+    progress = Progress(args.output_dir, plan, backend.num_processes, args.quiet or not backend.is_main_process)
+    with all_or_none(backend):
+        tag_my_chunks(args, backend, tagger, sources, plan, progress)
+    if backend.num_processes > 1:
+        progress.report()  # every process has finished: the last line counts all of them
+    with all_or_none(backend):
         if args.merge and backend.is_main_process:
             merged = merge_parts(args.output_dir, plan)
             if not args.quiet:
                 print(f"corpus: wrote {merged}", file=sys.stderr, flush=True)
-    finally:
-        backend.end()
-    return 0
 
 
 def add_corpus_arguments(parser: argparse.ArgumentParser) -> None:

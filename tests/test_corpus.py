@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
+import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 from conftest import PEOPLE, PLACES, python_module, run_cli
 
+import ner.backends
+import ner.corpus
 from ner.config import INFERENCE_BUDGETS
-from ner.predict import main
+from ner.predict import build_parser, main
 
 TEXTS = [f"{PEOPLE[i % len(PEOPLE)]} flew to {PLACES[i % len(PLACES)]} on day {i} ." for i in range(11)]
 FAST = ["--mixed-precision", "no", "--quiet", "--batch-size", "3"]
@@ -26,6 +31,19 @@ def lines(path: Path) -> list[dict]:
 
 def folder_bytes(out: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.name != "manifest.json"}
+
+
+@contextmanager
+def torch_threads(count: int):
+    """This process's torch on `count` threads, as OMP_NUM_THREADS=count gives a new process (run_cli: 1)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 @pytest.fixture
@@ -139,12 +157,13 @@ def test_kill_inside_a_chunk_then_resume_is_byte_identical(random_model, corpus,
     stale.write_text('{"_source": "half', encoding="utf-8")
     (out / "notes.txt").write_text("the user's", encoding="utf-8")
     finished = (out / "part-00000.jsonl").stat().st_mtime_ns
-    assert main(command[3:]) == 0  # the same arguments, in this process
+    with torch_threads(1):  # the killed run's count (run_cli sets OMP_NUM_THREADS=1); another is refused
+        assert main(command[3:]) == 0  # the same arguments, in this process
+        assert tag(random_model, tmp_path / "ref", corpus["first"], corpus["second"],
+                   extra=("--chunk-texts", "4", "--merge")) == 0
     assert (out / "part-00000.jsonl").stat().st_mtime_ns == finished  # skipped
     assert not stale.exists()
     assert (out / "notes.txt").read_text(encoding="utf-8") == "the user's"
-    assert tag(random_model, tmp_path / "ref", corpus["first"], corpus["second"],
-               extra=("--chunk-texts", "4", "--merge")) == 0
     assert folder_bytes(tmp_path / "ref") == {k: v for k, v in folder_bytes(out).items() if k != "notes.txt"}
 
 
@@ -216,6 +235,34 @@ def test_torchrun_restarts_a_killed_process_and_the_run_completes(random_model, 
     assert folder_bytes(tmp_path / "two") == folder_bytes(tmp_path / "one")
 
 
+RANK_1_FAILS = """import os, sys
+import ner.corpus
+from ner.predict import main
+real = ner.corpus.expand_inputs
+def listing(*args):
+    if os.environ["RANK"] == "1":
+        raise FileNotFoundError(2, "No such file or directory", "corpus/b.txt")
+    return real(*args)
+ner.corpus.expand_inputs = listing
+sys.exit(main())
+"""
+
+
+@pytest.mark.slow
+def test_torchrun_prints_one_ranks_error_once_and_every_process_exits(random_model, corpus, tmp_path):
+    """Real gloo processes: rank 1 fails while listing its inputs; rank 0 prints the line before anyone exits
+    (torchrun stops the others when one exits: before, rank 0 could be stopped before it had printed)."""
+    script = tmp_path / "rank_1_fails.py"
+    script.write_text(RANK_1_FAILS, encoding="utf-8")
+    job = run_cli(python_module("torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
+                                str(random_model), str(corpus["first"]), "--output-dir", str(tmp_path / "out"),
+                                "--dist-timeout", "60", *FAST), timeout=240)
+    assert job.returncode != 0
+    assert [line for line in job.stderr.splitlines() if line.startswith("error:")] == [
+        "error: process 1 of 2: FileNotFoundError: [Errno 2] No such file or directory: 'corpus/b.txt'"]
+    assert not (tmp_path / "out").exists()
+
+
 def test_without_output_dir_several_inputs_are_refused(random_model, corpus, capsys):
     assert main([str(random_model), str(corpus["first"]), str(corpus["second"])]) == 2
     assert "several INPUTs need --output-dir" in capsys.readouterr().err
@@ -242,29 +289,22 @@ def test_the_manifest_records_model_settings_computation_and_input(random_model,
 def test_a_resume_on_another_thread_count_is_refused_and_the_same_count_resumes(random_model, corpus, tmp_path,
                                                                                capsys):
     """A CPU operator on N threads sums in another order than on M: the parts could differ in the last digits."""
-    import torch
-
     out, inputs, extra = tmp_path / "out", (corpus["first"], corpus["second"]), ("--chunk-texts", "4", "--merge")
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
+    with torch_threads(1):
         assert tag(random_model, out, *inputs, extra=extra) == 0
-        reference = folder_bytes(out)
-        (out / "part-00001.jsonl").unlink()
-        (out / "predictions.jsonl").unlink()
-        torch.set_num_threads(2)
-        capsys.readouterr()
+    reference = folder_bytes(out)
+    (out / "part-00001.jsonl").unlink()
+    (out / "predictions.jsonl").unlink()
+    capsys.readouterr()
+    with torch_threads(2):
         assert tag(random_model, out, *inputs, extra=extra) == 2
-        err = capsys.readouterr().err
-        assert "threads: 1 before, 2 now" in err and "OMP_NUM_THREADS=1" in err and "--overwrite" in err
-        assert len(err.strip().splitlines()) == 1
-        assert sorted(folder_bytes(out)) == ["part-00000.jsonl", "part-00002.jsonl"]  # nothing written
-        torch.set_num_threads(1)
-        # what does not change the bytes stays free: progress lines, the wait limit
+    err = capsys.readouterr().err
+    assert "threads: 1 before, 2 now" in err and "OMP_NUM_THREADS=1" in err and "--overwrite" in err
+    assert len(err.strip().splitlines()) == 1
+    assert sorted(folder_bytes(out)) == ["part-00000.jsonl", "part-00002.jsonl"]  # nothing written
+    with torch_threads(1):  # what does not change the bytes stays free: progress lines, the wait limit
         assert main([str(random_model), *map(str, inputs), "--output-dir", str(out), "--mixed-precision", "no",
                      "--batch-size", "3", "--dist-timeout", "60", *extra]) == 0
-    finally:
-        torch.set_num_threads(threads)
     assert folder_bytes(out) == reference
 
 
@@ -313,6 +353,140 @@ def test_a_manifest_from_before_the_computation_was_recorded_is_refused(random_m
     assert f"{out / 'manifest.json'}: manifest version 1, this ner.predict writes version 2" in err
     assert "--overwrite" in err
     assert tag(random_model, out, corpus["first"], extra=("--chunk-texts", "4", "--overwrite")) == 0
+
+
+RANK = threading.local()  # which fake rank this thread is
+
+
+class FakeRank:
+    """One of two ranks run as threads of this process: gather_object meets the other rank at a barrier, as
+    all_gather_object does, so a rank that never comes leaves the other waiting (BrokenBarrierError here,
+    after `timeout_s`, where a real process would wait for --dist-timeout). `events` records, in order, each
+    rank's report of an error and its end."""
+
+    num_processes = 2
+
+    def __init__(self, rank: int, slots: list, barrier: threading.Barrier, events: list) -> None:
+        import torch
+
+        self.process_index, self.is_main_process, self.device = rank, rank == 0, torch.device("cpu")
+        self.slots, self.barrier, self.events = slots, barrier, events
+
+    def gather_object(self, obj: object) -> list:
+        self.slots[self.process_index] = obj
+        self.barrier.wait()
+        gathered = list(self.slots)
+        self.barrier.wait()
+        return gathered
+
+    def wait_for_everyone(self) -> None:
+        self.barrier.wait()
+
+    def end(self) -> None:
+        self.events.append(("end", self.process_index))
+
+
+def two_ranks(monkeypatch, argv: list[str], timeout_s: float = 30) -> tuple[list[object], list[tuple]]:
+    """tag_corpus as ranks 0 and 1 (threads): each rank's exit code (or exception), and the events."""
+    slots, barrier, outcomes, events = [None, None], threading.Barrier(2, timeout=timeout_s), [None, None], []
+    monkeypatch.setattr(ner.backends, "inference_backend", lambda timeout_s: RANK.backend)
+    real_report = ner.corpus.report
+
+    def slow_report(exc: Exception, rank: int) -> int:
+        time.sleep(0.3 if rank == 0 else 0)  # a slow printer: the other rank must not end before it has printed
+        events.append(("report", rank, str(exc)))
+        return real_report(exc, rank)
+
+    monkeypatch.setattr(ner.corpus, "report", slow_report)
+
+    def rank_main(rank: int) -> None:
+        RANK.backend = FakeRank(rank, slots, barrier, events)
+        try:
+            outcomes[rank] = ner.corpus.tag_corpus(build_parser().parse_args(argv))
+        except Exception as exc:  # noqa: BLE001 - the outcome under test
+            outcomes[rank] = exc
+
+    threads = [threading.Thread(target=rank_main, args=(rank,)) for rank in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=4 * timeout_s)
+    return outcomes, events
+
+
+def reached_every_rank(outcomes: list[object], events: list[tuple], capsys) -> str:
+    """The one error every rank reported (exit code 2 each), printed once, by rank 0, before any rank ended."""
+    assert outcomes == [2, 2]
+    reported = {event[1]: event[2] for event in events if event[0] == "report"}
+    assert sorted(reported) == [0, 1] and reported[0] == reported[1]
+    first_end = min(i for i, event in enumerate(events) if event[0] == "end")
+    assert events.index(("report", 0, reported[0])) < first_end
+    assert [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")] == [
+        f"error: {reported[0]}"]
+    return reported[0]
+
+
+def fails_on(rank: int, function, exc: Exception):
+    """`function`, except that it raises `exc` on fake rank `rank`."""
+    def wrapped(*args, **kwargs):
+        if RANK.backend.process_index == rank:
+            raise exc
+        return function(*args, **kwargs)
+    return wrapped
+
+
+def corpus_argv(model: Path, corpus: dict[str, Path], out: Path) -> list[str]:
+    return [str(model), str(corpus["first"]), str(corpus["second"]), "--output-dir", str(out), "--chunk-texts", "4",
+            "--merge", *FAST]
+
+
+def test_two_fake_ranks_write_the_same_bytes_as_one_process(random_model, corpus, tmp_path, monkeypatch):
+    assert main(corpus_argv(random_model, corpus, tmp_path / "one")) == 0
+    assert two_ranks(monkeypatch, corpus_argv(random_model, corpus, tmp_path / "two"))[0] == [0, 0]
+    assert folder_bytes(tmp_path / "two") == folder_bytes(tmp_path / "one")
+
+
+def test_an_unexpected_error_listing_inputs_on_one_rank_reaches_every_rank(random_model, corpus, tmp_path,
+                                                                           monkeypatch, capsys):
+    gone = FileNotFoundError(2, "No such file or directory", "in/b.txt")
+    monkeypatch.setattr(ner.corpus, "expand_inputs", fails_on(1, ner.corpus.expand_inputs, gone))
+    outcomes, events = two_ranks(monkeypatch, corpus_argv(random_model, corpus, tmp_path / "out"))
+    assert reached_every_rank(outcomes, events, capsys) == (
+        "process 1 of 2: FileNotFoundError: [Errno 2] No such file or directory: 'in/b.txt'")
+    assert not (tmp_path / "out").exists()  # rank 0 did not go on to write a manifest
+
+
+def test_an_error_in_rank_0s_folder_check_reaches_every_rank(random_model, corpus, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(ner.corpus, "model_identity",
+                        fails_on(0, ner.corpus.model_identity, PermissionError(13, "Permission denied", "w.bin")))
+    outcomes, events = two_ranks(monkeypatch, corpus_argv(random_model, corpus, tmp_path / "out"))
+    assert reached_every_rank(outcomes, events, capsys) == (
+        "process 0 of 2: PermissionError: [Errno 13] Permission denied: 'w.bin'")
+
+
+def test_an_error_while_tagging_on_one_rank_reaches_every_rank_after_the_others_finish(random_model, corpus,
+                                                                                        tmp_path, monkeypatch,
+                                                                                        capsys):
+    monkeypatch.setattr(ner.corpus, "tag_chunk", fails_on(1, ner.corpus.tag_chunk, RuntimeError("out of memory")))
+    outcomes, events = two_ranks(monkeypatch, corpus_argv(random_model, corpus, tmp_path / "out"))
+    assert reached_every_rank(outcomes, events, capsys) == "process 1 of 2: RuntimeError: out of memory"
+    # rank 0's chunks (0 and 2 of 3) are written, kept for the rerun; rank 1's is not; nothing merged
+    assert sorted(folder_bytes(tmp_path / "out")) == ["part-00000.jsonl", "part-00002.jsonl"]
+
+
+def test_an_error_merging_on_rank_0_reaches_every_rank(random_model, corpus, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(ner.corpus, "merge_parts", fails_on(0, ner.corpus.merge_parts, OSError(28, "No space left")))
+    outcomes, events = two_ranks(monkeypatch, corpus_argv(random_model, corpus, tmp_path / "out"))
+    assert reached_every_rank(outcomes, events, capsys) == "process 0 of 2: OSError: [Errno 28] No space left"
+
+
+def test_ranks_that_would_compute_differently_are_refused_naming_the_setting(random_model, corpus, tmp_path,
+                                                                            monkeypatch, capsys):
+    monkeypatch.setattr(ner.corpus, "intra_op_threads", lambda runtime: 1 + RANK.backend.process_index)
+    outcomes, events = two_ranks(monkeypatch, corpus_argv(random_model, corpus, tmp_path / "out"))
+    error = reached_every_rank(outcomes, events, capsys)
+    assert "threads: 1 in process 0, 2 in process 1" in error and "OMP_NUM_THREADS" in error
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.slow

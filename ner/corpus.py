@@ -11,11 +11,14 @@ The input is read lazily and cut into chunks of --chunk-texts texts (never depen
 processes); the chunks not yet done are dealt round-robin to the processes, each of which holds one model
 copy on its own device. Chunk k is written whole or not at all (ner/files.py) as OUT/part-<k>.jsonl, one
 line per input text in input order, each with its "_source" (`file:line`, or `file#row` for parquet and
-datasets rows). OUT/manifest.json records the model (its files' SHA-256), the settings and the input
-(paths, sizes, modification times, texts per file). Rerunning the same command skips finished parts and
-writes byte-identical output; a changed model, setting or input is refused, naming the difference
-(--overwrite removes what this tool wrote there and starts again). --merge: rank 0 concatenates the parts
-into OUT/predictions.jsonl once every part exists. OUT must be a folder every process (and node) sees.
+datasets rows). OUT/manifest.json records the model (its files' SHA-256), the settings, how the numbers are
+computed (runtime, precision used, device type, CPU threads, decoding, window, batch budget) and the input
+(paths, sizes, modification times, texts per file). Rerunning the same command in the same environment skips
+finished parts and writes byte-identical output; anything the manifest pins that differs is refused, naming
+each difference and its old value (--overwrite removes what this tool wrote there and starts again); the
+number of processes is free. An error in any process reaches all of them and is printed once, by rank 0.
+--merge: rank 0 concatenates the parts into OUT/predictions.jsonl once every part exists. OUT must be a
+folder every process (and node) sees.
 """
 
 from __future__ import annotations

@@ -62,6 +62,8 @@ def load_tokenizer(name: str, trust_remote_code: bool = False):
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
         if not splits_words_as_running_text(tokenizer):
             tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code, add_prefix_space=True)
+            if not splits_words_as_running_text(tokenizer):  # a class that ignores the argument (ModernBERT's)
+                add_prefix_space(tokenizer)
             if splits_words_as_running_text(tokenizer):
                 log.info("--model %s: tokenizer loaded with add_prefix_space=True, so each word gets the pieces it "
                          "has in running text", name)
@@ -73,6 +75,32 @@ def load_tokenizer(name: str, trust_remote_code: bool = False):
     if not getattr(tokenizer, "is_fast", False):
         raise UserError(f"--model {name}: needs a fast tokenizer (word ids are used to align labels)")
     return tokenizer
+
+
+def add_prefix_space(tokenizer) -> None:
+    """Turn on the byte-level pre-tokenizer's add_prefix_space in the tokenizer itself (its tokenizer.json), for
+    tokenizer classes that do not take the argument: the export then carries the setting to every loader."""
+    import json
+
+    from tokenizers import Tokenizer
+
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or backend.pre_tokenizer is None:
+        return
+    state = json.loads(backend.to_str())
+
+    def turn_on(node) -> None:
+        if isinstance(node, dict):
+            if node.get("type") == "ByteLevel" and "add_prefix_space" in node:
+                node["add_prefix_space"] = True
+            for value in node.values():
+                turn_on(value)
+        elif isinstance(node, list):
+            for value in node:
+                turn_on(value)
+
+    turn_on(state["pre_tokenizer"])
+    backend.pre_tokenizer = Tokenizer.from_str(json.dumps(state)).pre_tokenizer
 
 
 PROBE_WORDS = ("Angela", "Merkel", "visited", "Paris", "2024", "U.S.")

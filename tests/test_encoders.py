@@ -1,0 +1,118 @@
+"""Any encoder a user names works as BERT does: each family (tests/encoders.py: cased BERT, DistilBERT, ELECTRA,
+RoBERTa, XLM-R, DeBERTa-v2, ModernBERT; uncased BERT is every other test's tiny_bert) trains under Accelerate and
+raw DDP, resumes, evaluates, tags raw text with exact offsets, exports to ONNX past its parity check, and serves
+(/predict, corpus tagging, the Label Studio backend), on tiny random models built offline."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import tiny_args
+from encoders import FAMILIES, build_encoder
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ner import train as train_cli
+from ner.model import load_tokenizer
+
+RAW = ["Angela Merkel met Emmanuel Macron in Paris on Monday.", "",
+       "Shares of Acme Corp. rose 3.5% in São Paulo after O'Neill's talk \U0001F600 there."]
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family(request, tmp_path_factory):
+    return request.param, build_encoder(request.param, tmp_path_factory.mktemp(request.param))
+
+
+@pytest.fixture(scope="module")
+def trained(family, tiny_data, tmp_path_factory):
+    """(family, encoder, run folder): 6 updates under Accelerate, a checkpoint every 3."""
+    name, encoder = family
+    out = tmp_path_factory.mktemp(f"{name}_run") / "run"
+    assert train_cli.main(tiny_args(encoder, tiny_data, out, "--max-steps", "6", "--save-steps", "3",
+                                    "--casing", "auto")) == 0
+    return name, encoder, out
+
+
+WORD = st.text(st.characters(codec="utf-8", exclude_categories=("Cs", "Cc", "Zs", "Zl", "Zp", "Cf", "Co", "Cn")),
+               min_size=1, max_size=8)
+
+
+def test_pre_split_words_get_their_running_text_pieces(family):
+    """Property, per family: the pieces of words split beforehand (is_split_into_words) are those of each
+    `" " + word` in running text, for any words, as loaded for training and as exported."""
+    tokenizer = load_tokenizer(str(family[1]))
+
+    @given(st.lists(WORD, min_size=1, max_size=6))
+    @settings(max_examples=40, derandomize=True, deadline=None, database=None,
+              suppress_health_check=list(HealthCheck))
+    def same_pieces(words):
+        split = tokenizer(words, is_split_into_words=True, add_special_tokens=False)["input_ids"]
+        running = [i for word in words for i in tokenizer(" " + word, add_special_tokens=False)["input_ids"]]
+        assert split == running, (words, tokenizer.convert_ids_to_tokens(split))
+
+    same_pieces()
+
+
+def test_trains_evaluates_and_tags_raw_text_with_exact_offsets(trained, tiny_data):
+    from ner.evaluate import main as evaluate_main
+    from ner.infer import Tagger
+
+    name, _, out = trained
+    assert (out / "final" / "model.safetensors").is_file() and json.loads((out / "final" / "metrics.json").read_text())
+    assert evaluate_main([str(out / "final"), str(tiny_data["test"])]) == 0
+    tagger = Tagger(out / "final", precision="no")
+    for text, result in zip(RAW, tagger.predict(RAW)):
+        for entity in result["entities"]:
+            assert text[entity["start"]:entity["end"]] == entity["text"] == entity["text"].strip(), (name, entity)
+
+
+def test_resumes_and_trains_under_raw_ddp(trained, tiny_data, tmp_path):
+    name, encoder, out = trained
+    assert train_cli.main(tiny_args(encoder, tiny_data, out, "--max-steps", "8", "--save-steps", "3",
+                                    "--casing", "auto", "--resume", "auto")) == 0
+    assert json.loads((out / "final" / "training_args.json").read_text())["max_steps"] == 8
+    assert train_cli.main(tiny_args(encoder, tiny_data, tmp_path / "ddp", "--max-steps", "2", "--no-eval",
+                                    "--raw-ddp")) == 0
+
+
+def test_exports_to_onnx_past_its_parity_check(trained, tmp_path):
+    pytest.importorskip("onnxruntime")
+    from ner.export import main as export_main
+    from ner.infer import Tagger
+
+    name, _, out = trained
+    assert export_main([str(out / "final"), str(tmp_path / "onnx"), "--onnx"]) == 0, name
+    torch_result = Tagger(out / "final", precision="no").predict(RAW)
+    onnx_result = Tagger(tmp_path / "onnx", runtime="onnx").predict(RAW)
+    for ours, theirs in zip(torch_result, onnx_result):
+        assert [(e["start"], e["end"], e["type"]) for e in ours["entities"]] == [
+            (e["start"], e["end"], e["type"]) for e in theirs["entities"]], name
+
+
+def test_serves_tags_a_corpus_and_answers_label_studio(trained, tmp_path):
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from ner.infer import Tagger
+    from ner.predict import main as predict_main
+    from ner.serve import Limits, create_app
+
+    name, _, out = trained
+    tagger = Tagger(out / "final", precision="no")
+    expected = tagger.predict(RAW)
+    with TestClient(create_app(tagger, out / "final", Limits(), label_studio=True)) as client:
+        assert client.post("/predict", json={"texts": RAW}).json() == {"results": expected}
+        config = ('<View><Labels name="label" toName="text"><Label value="PER"/><Label value="LOC"/>'
+                  '<Label value="ORG"/></Labels><Text name="text" value="$text"/></View>')
+        studio = client.post("/label-studio/predict", json={"label_config": config,
+                                                            "tasks": [{"id": 1, "data": {"text": RAW[2]}}]})
+        assert studio.status_code == 200 and len(studio.json()["results"]) == 1
+    corpus = tmp_path / "texts.txt"
+    corpus.write_text("\n".join(t for t in RAW if t) + "\n", encoding="utf-8")
+    tagged = tmp_path / "tagged"
+    assert predict_main([str(out / "final"), str(corpus), "--output-dir", str(tagged), "--quiet",
+                         "--mixed-precision", "no"]) == 0, name
+    lines = [json.loads(line) for part in sorted(tagged.glob("part-*.jsonl")) for line in part.open()]
+    assert [line["entities"] for line in lines] == [r["entities"] for t, r in zip(RAW, expected) if t]

@@ -116,3 +116,18 @@ def test_serves_tags_a_corpus_and_answers_label_studio(trained, tmp_path):
                          "--mixed-precision", "no"]) == 0, name
     lines = [json.loads(line) for part in sorted(tagged.glob("part-*.jsonl")) for line in part.open()]
     assert [line["entities"] for line in lines] == [r["entities"] for t, r in zip(RAW, expected) if t]
+
+
+@pytest.mark.parametrize("name", ["deberta-v2", "modernbert"])
+def test_bf16_on_the_cpu_trains_and_tags(name, tiny_data, tmp_path):
+    """DeBERTa's attention has had dtype faults under autocast (relative-position scores built in fp32 meeting
+    bf16 queries); ModernBERT's unpadded attention likewise: both train and tag in bf16 on the CPU."""
+    from ner.infer import Tagger
+
+    encoder = build_encoder(name, tmp_path / name)
+    out = tmp_path / "run"
+    assert train_cli.main(tiny_args(encoder, tiny_data, out, "--max-steps", "2", "--mixed-precision", "bf16")) == 0
+    tagger = Tagger(out / "final", precision="bf16")
+    assert tagger.precision == "bf16"
+    for text, result in zip(RAW, tagger.predict(RAW)):
+        assert all(text[e["start"]:e["end"]] == e["text"] for e in result["entities"])

@@ -3,12 +3,18 @@
     python -m ner.evaluate runs/ner/final test.conll
     python -m ner.evaluate runs/ner/final test.conll --worst 25 --json test_report.json
     python -m ner.evaluate runs/ner/final label_studio_export.json     # any format ner.train reads
+    python -m ner.evaluate runs/ner/final test.conll --plots out/ --target-precision 0.95
 
 Prints seqeval's report per entity type and the overall micro-averaged precision, recall and F1
-(entity-level, exact spans), then the N sentences with the most entity errors (missed + spurious;
-a wrong type or a wrong boundary counts once each way, as in seqeval; ties: shorter first). Each
-is shown as its text and the gold and predicted entities side by side, wrong ones marked `x`.
-`--json` writes the same scores (the shape of metrics.json) and the worst sentences.
+(entity-level, exact spans); then (ner/analysis.py, docs/evaluation.md) the kinds of error
+(correct, wrong type, boundary, boundary and type, missed, spurious), scores under nervaluate's
+strict / exact / partial / type schemas with macro F1, the confusion matrix of types, precision and
+recall per type at entity-score thresholds (`--target-precision`: the lowest threshold reaching it)
+and the calibration of those scores; then the N sentences with the most entity errors (missed +
+spurious; a wrong type or a wrong boundary counts once each way, as in seqeval; ties: shorter
+first), each as its text and the gold and predicted entities side by side, wrong ones marked `x`.
+`--json` writes the same numbers (seqeval's in the shape of metrics.json) and the worst sentences;
+`--plots DIR` draws confusion.png, precision_recall.png and reliability.png.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from pathlib import Path
 from seqeval.metrics import classification_report
 from seqeval.metrics.sequence_labeling import get_entities
 
+from ner.analysis import analyse, format_analysis
 from ner.config import add_data_arguments, add_inference_arguments
 from ner.data import Example, check_known_labels
 from ner.errors import UserError, cli
@@ -119,43 +126,64 @@ def build_parser() -> argparse.ArgumentParser:
                                                 "export or a spaCy DocBin, found from the content (see --data-format)")
     parser.add_argument("--worst", type=int, default=10, metavar="N", help="worst sentences to show (default: 10)")
     parser.add_argument("--json", type=Path, metavar="OUT.json", help="also write scores and worst sentences here")
+    parser.add_argument("--plots", type=Path, metavar="DIR", help="draw confusion.png, precision_recall.png and "
+                                                                  "reliability.png into DIR (made if missing)")
+    parser.add_argument("--target-precision", type=float, metavar="P",
+                        help="per type, the lowest entity-score threshold whose precision reaches P (0 < P <= 1)")
     add_inference_arguments(parser)
     add_data_arguments(parser)
     return parser
 
 
+def check_arguments(args: argparse.Namespace) -> None:
+    """The cheap checks, before the model loads."""
+    if args.worst < 0:
+        raise UserError(f"--worst must be zero or more (got {args.worst})")
+    if args.target_precision is not None and not 0 < args.target_precision <= 1:
+        raise UserError(f"--target-precision must be above 0 and at most 1 (got {args.target_precision})")
+    for flag, path in (("--json", args.json), ("--plots", args.plots)):
+        if path is not None and not path.parent.is_dir():
+            raise UserError(f"{flag} {path}: folder {path.parent} does not exist")
+    if args.plots is not None and args.plots.exists() and not args.plots.is_dir():
+        raise UserError(f"--plots {args.plots}: not a folder (give a folder for the PNG files)")
+    if not args.file.is_file():
+        raise UserError(f"{args.file}: file not found")
+
+
 @cli
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.worst < 0:
-        raise UserError(f"--worst must be zero or more (got {args.worst})")
-    if args.json is not None and not args.json.parent.is_dir():
-        raise UserError(f"{args.json}: folder {args.json.parent} does not exist")
-    if not args.file.is_file():
-        raise UserError(f"{args.file}: file not found")
+    check_arguments(args)
     from ner.infer import Tagger  # after the cheap checks: loading torch + transformers takes seconds
 
     tagger = Tagger.from_args(args)
     examples = read_examples(args.file, data_format=args.data_format, span_alignment=args.span_alignment)
     check_known_labels(examples, tagger.label2id)
-    predicted, _ = tagger.tag(examples, args.batch_size, args.max_tokens)
+    predicted, probs = tagger.tag(examples, args.batch_size, args.max_tokens)
     gold = [e.tags for e in examples]
     scheme = tagger.decoder.scheme
     scores = entity_scores(gold, predicted, scheme)
+    analysis = analyse(gold, predicted, probs, scores, args.target_precision)
     print(f"{args.file}: {len(examples)} sentences, model {args.model_dir}, entity-level (seqeval, {scheme})\n")
     print(classification_report(gold, predicted, digits=4, zero_division=0, **seqeval_kwargs(scheme)))
     print(f"overall (micro): precision {scores['precision']:.4f}  recall {scores['recall']:.4f}  "
           f"f1 {scores['f1']:.4f}  support {scores['support']}\n")
+    print(format_analysis(analysis) + "\n")
     worst = worst_sentences(examples, predicted, args.worst)
     print(f"== {len(worst)} worst sentences (most entity errors: missed + spurious) ==")
     print("\n\n".join(format_sentence(rank, examples[i], predicted[i]) for rank, i in enumerate(worst, start=1))
           or "(no sentence has an entity error)")
     if args.json is not None:
         report = {"model_dir": str(args.model_dir), "file": str(args.file), "sentences": len(examples),
-                  "scheme": scheme, **scores, "worst": to_json(examples, predicted, worst)}
+                  "scheme": scheme, **scores, **analysis, "worst": to_json(examples, predicted, worst)}
         args.json.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    return 0
+    if args.plots is not None:
+        from ner.plot import write_evaluation_plots
 
+        args.plots.mkdir(exist_ok=True)
+        for path in write_evaluation_plots(analysis, args.plots, on=args.file.name):
+            print(path)
+    return 0
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -9,8 +9,9 @@ Writes, into the folder:
     confusion.png        entity-type confusion matrix of the final model on the validation set
                          (from predictions/validation.conll), with missed and spurious entities
 
-Training writes them at the end too. A plot without data (no evaluation, no predictions
-file yet) is skipped with a one-line note.
+`python -m ner.evaluate MODEL FILE --plots DIR` draws confusion.png for that file, with
+precision_recall.png and reliability.png (docs/evaluation.md). Training writes its plots at the
+end too. A plot without data (no evaluation, no predictions file yet) is skipped with a one-line note.
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, MaxNLocator
-from seqeval.metrics.sequence_labeling import get_entities
 
+from ner.analysis import NO_ENTITY, OVERALL, confusion_counts  # noqa: F401 (NO_ENTITY: for callers of ner.plot)
 from ner.data import read_predictions
 from ner.errors import UserError, cli
 from ner.files import staged_file
@@ -34,7 +35,6 @@ from ner.metrics import best_evaluation
 
 log = logging.getLogger("ner")
 
-NO_ENTITY = "(none)"  # row: predicted where gold has nothing (spurious); column: gold never predicted (missed)
 FIGSIZE = (8.0, 5.0)
 DPI = 120
 METRIC_COLORS = {"precision": "#4C72B0", "recall": "#DD8452", "f1": "#55A868"}
@@ -72,36 +72,6 @@ def read_metrics(path: Path) -> RunMetrics:
             elif isinstance(record.get("epoch_end"), int):
                 epoch_ends[record["epoch_end"]] = record["step"]
     return RunMetrics([logs[s] for s in sorted(logs)], [evals[s] for s in sorted(evals)], epoch_ends)
-
-
-# ----------------------------------------------------------------------------- confusion
-
-def confusion_counts(gold_tags: list[list[str]], pred_tags: list[list[str]]) -> dict[str, dict[str, int]]:
-    """counts[gold type][predicted type] over entities matched by exact span, sentence by sentence.
-
-    A span in both with different types is a confusion; a gold span nobody predicted is counted
-    in column NO_ENTITY (missed); a predicted span not in gold is counted in row NO_ENTITY
-    (spurious). So, as in seqeval, a boundary error counts once missed and once spurious, and per
-    type: true positives = counts[T][T], support = sum of row T, predictions = sum of column T.
-    Every type seen and NO_ENTITY are keys of every row; counts[NO_ENTITY][NO_ENTITY] stays 0.
-    """
-    if len(gold_tags) != len(pred_tags):
-        raise ValueError(f"{len(gold_tags)} gold sentences but {len(pred_tags)} predicted")
-    pairs: list[tuple[str, str]] = []
-    for gold, pred in zip(gold_tags, pred_tags, strict=True):
-        if len(gold) != len(pred):
-            raise ValueError(f"sentence of {len(gold)} gold tags but {len(pred)} predicted")
-        gold_spans = {(start, end): kind for kind, start, end in get_entities(gold)}
-        pred_spans = {(start, end): kind for kind, start, end in get_entities(pred)}
-        for span, kind in gold_spans.items():
-            pairs.append((kind, pred_spans.get(span, NO_ENTITY)))
-        pairs += [(NO_ENTITY, kind) for span, kind in pred_spans.items() if span not in gold_spans]
-    types = sorted({kind for pair in pairs for kind in pair} - {NO_ENTITY})
-    keys = [*types, NO_ENTITY]
-    counts = {row: dict.fromkeys(keys, 0) for row in keys}
-    for row, column in pairs:
-        counts[row][column] += 1
-    return counts
 
 
 # ----------------------------------------------------------------------------- figures
@@ -196,7 +166,7 @@ def plot_per_type(record: dict, path: Path) -> Path:
     return _save(figure, path)
 
 
-def plot_confusion(counts: dict[str, dict[str, int]], path: Path) -> Path:
+def plot_confusion(counts: dict[str, dict[str, int]], path: Path, on: str = "validation") -> Path:
     keys = list(counts)
     matrix = np.array([[counts[row][column] for column in keys] for row in keys], dtype=float)
     # Colour is the share of the row, so rare types read as clearly as common ones; cells show counts.
@@ -219,9 +189,77 @@ def plot_confusion(counts: dict[str, dict[str, int]], path: Path) -> Path:
                   + ["none\n(spurious)"])
     ax.set_xlabel("predicted type")
     ax.set_ylabel("gold type")
-    ax.set_title("Entity confusion on validation (exact spans; colour: share of the row)")
+    ax.set_title(f"Entity confusion on {on} (exact spans; colour: share of the row)")
     figure.colorbar(image, ax=ax, fraction=0.046, pad=0.03, label="share of gold row")
     return _save(figure, path)
+
+
+def plot_precision_recall(thresholds: dict, path: Path, target_precision: float | None = None) -> Path:
+    """One curve per type (and overall): each point keeps the entities scored at least some threshold."""
+    figure = Figure(figsize=FIGSIZE)
+    ax = figure.subplots()
+    for kind, row in thresholds.items():
+        curve = row["curve"]
+        if not curve:
+            continue
+        overall = kind == OVERALL
+        ax.plot([p["recall"] * 100 for p in curve], [p["precision"] * 100 for p in curve], drawstyle="steps-post",
+                color="black" if overall else None, linewidth=2.5 if overall else 1.2,
+                label=f"{kind} (n={row['support']})")
+        marks = [p for p in row["table"] if p["kept"] and p["threshold"] in (0.5, 0.9)]
+        ax.plot([p["recall"] * 100 for p in marks], [p["precision"] * 100 for p in marks], "o", markersize=4,
+                color=ax.lines[-1].get_color())
+    if target_precision is not None:
+        ax.axhline(target_precision * 100, color="grey", linestyle="--", linewidth=1,
+                   label=f"target precision {target_precision:g}")
+    ax.set_xlim(0, 102)
+    ax.set_ylim(0, 102)
+    ax.set_xlabel("recall (%)")
+    ax.set_ylabel("precision (%)")
+    ax.set_title("Precision against recall over entity score thresholds (dots: 0.5 and 0.9)")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=9, frameon=False)
+    return _save(figure, path)
+
+
+def plot_reliability(calibration: dict, path: Path) -> Path:
+    """Share correct against mean score per bin (on the diagonal: calibrated), entities per bin below."""
+    bins = calibration["bins"]
+    figure = Figure(figsize=(FIGSIZE[1] + 1, FIGSIZE[1] + 1))
+    share_ax, count_ax = figure.subplots(2, 1, sharex=True, height_ratios=(3, 1))
+    width = bins[0]["high"] - bins[0]["low"]
+    centres = [(b["low"] + b["high"]) / 2 for b in bins]
+    filled = [b for b in bins if b["count"]]
+    share_ax.bar([(b["low"] + b["high"]) / 2 for b in filled], [b["share_correct"] for b in filled], width * 0.9,
+                 color="#4C72B0", label="share correct")
+    share_ax.plot([b["mean_score"] for b in filled], [b["share_correct"] for b in filled], "o", color="#C44E52",
+                  markersize=4, label="at the bin's mean score")
+    share_ax.plot([0, 1], [0, 1], color="grey", linestyle="--", linewidth=1, label="calibrated")
+    share_ax.set_ylim(0, 1.02)
+    share_ax.set_ylabel("share of entities correct")
+    share_ax.set_title(f"Reliability of entity scores (ECE {calibration['ece']:.4f}, "
+                       f"{calibration['entities']} entities)")
+    share_ax.legend(loc="upper left", fontsize=9)
+    share_ax.grid(alpha=0.3)
+    count_ax.bar(centres, [b["count"] for b in bins], width * 0.9, color="#8C8C8C")
+    count_ax.set_xlim(0, 1)
+    count_ax.set_xlabel("entity score (mean probability of its tags)")
+    count_ax.set_ylabel("entities")
+    return _save(figure, path)
+
+
+def write_evaluation_plots(report: dict, plots_dir: Path, on: str) -> list[Path]:
+    """ner.evaluate --plots: confusion.png, precision_recall.png, reliability.png (each skipped without entities)."""
+    written = []
+    if len(report["confusion"]) > 1:
+        written.append(plot_confusion(report["confusion"], plots_dir / "confusion.png", on=on))
+    if report["calibration"]["entities"]:
+        written.append(plot_precision_recall(report["thresholds"], plots_dir / "precision_recall.png",
+                                             report["target_precision"]))
+        written.append(plot_reliability(report["calibration"], plots_dir / "reliability.png"))
+    else:
+        log.info("plot: no predicted entities: precision_recall.png and reliability.png skipped")
+    return written
 
 
 # ----------------------------------------------------------------------------- entry points

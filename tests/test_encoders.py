@@ -68,6 +68,16 @@ def test_trains_evaluates_and_tags_raw_text_with_exact_offsets(trained, tiny_dat
             assert text[entity["start"]:entity["end"]] == entity["text"] == entity["text"].strip(), (name, entity)
 
 
+# --casing auto: case as token types only where the encoder lower-cases its input and has a token-type table
+CASING_AUTO = {"bert-cased": "none", "distilbert": "none", "electra": "types", "roberta": "none",
+               "xlm-roberta": "none", "deberta-v2": "none", "modernbert": "none"}
+
+
+def test_casing_auto_resolves_per_family_and_is_recorded(trained):
+    name, _, out = trained
+    assert json.loads((out / "final" / "training_args.json").read_text())["casing"] == CASING_AUTO[name]
+
+
 def test_resumes_and_trains_under_raw_ddp(trained, tiny_data, tmp_path):
     name, encoder, out = trained
     assert train_cli.main(tiny_args(encoder, tiny_data, out, "--max-steps", "8", "--save-steps", "3",

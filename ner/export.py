@@ -11,15 +11,18 @@ training_args.json, metrics.json and a README.md model card (with --onnx: model.
 model.int8.onnx for `--runtime onnx|onnx-int8`, ner/export_onnx.py). It is written beside its final
 name and renamed into place, so a crash never leaves half an export. OUT must be new, empty, or (with
 --overwrite) a model folder this tool exported; a folder of anything else is refused, never replaced.
-Replacing an export replaces only the files an export writes (listed in OUT/.ner-export.json): everything
-else in OUT (a model repository's .git/, your notes) stays, carried into the new folder as hard links. A
-file of the export that was edited since (the model card) is replaced, and the log names it.
-OUT may be SRC itself (an export) to add ONNX files in place.
+Replacing an export replaces only the files an export wrote (listed with their SHA-256 in OUT/.ner-export.json):
+everything else in OUT (a model repository's .git/, your notes) stays, carried into the new folder as hard links.
+A file in OUT that the new export also writes but that no record shows an export wrote as it is now (your own
+README.md, a model card edited since, any README.md of an export from before the listing) is never replaced
+without --overwrite; with it, the log names the file first. OUT may be SRC itself (an export) to add ONNX files
+in place; the end of training exports into OUTPUT_DIR/final the same way, without --overwrite.
 """
 
 from __future__ import annotations
 
 import argparse
+import filecmp
 import json
 import logging
 import os
@@ -37,19 +40,27 @@ from ner.model import PACKAGED_MODELS, packaged_copy_of
 
 log = logging.getLogger("ner")
 EXPORT_LISTING = ".ner-export.json"  # the files an export wrote, with their SHA-256 (what a replacement may replace)
-# An export from before the listing: these and whatever the new export writes count as the export's files
-EXPORT_NAMES = frozenset({"config.json", "model.safetensors", "training_args.json", "metrics.json", "README.md",
-                          "model.onnx", "model.int8.onnx"})
+DESCRIPTION = ("training_args.json", "metrics.json", "README.md")  # what an export adds to the checkpoint's model
+# An export from before the listing has no record: files named as a model folder's count as its own, all but
+# README.md, the one file people edit there.
+UNLISTED_EXPORT_NAMES = frozenset({
+    "config.json", "generation_config.json", "model.safetensors", "training_args.json", "metrics.json",
+    "model.onnx", "model.int8.onnx", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+    "added_tokens.json", "vocab.txt", "vocab.json", "merges.txt", "spiece.model", "sentencepiece.bpe.model",
+    "spm.model", "tokenizer.model", "chat_template.jinja"})
 
 
 def export_checkpoint(checkpoint: Path, out_dir: Path, metrics: dict | None = None, onnx: bool = False,
-                      quantize: str | None = None, overwrite: bool = False) -> Path:
-    """Copy the checkpoint's model folder and describe it; `metrics` defaults to its evals."""
+                      quantize: str | None = None, overwrite: bool = False, update: bool = False) -> Path:
+    """Copy the checkpoint's model folder and describe it; `metrics` defaults to its evals. `overwrite` (the user's
+    --overwrite): OUT may be an export, replaced whole but for what was never its own. `update` (OUTPUT_DIR/final at
+    the end of a run): the same, but a file no record shows the export wrote is refused instead of replaced."""
     problem = verify(checkpoint)
     if problem is not None:
         raise UserError(f"{checkpoint}: not a complete checkpoint: {problem}")
     out_dir = Path(out_dir)
-    check_out_dir(out_dir, overwrite)
+    names = checkpoint_export_names(checkpoint) | onnx_names(onnx, quantize)
+    check_out_dir(out_dir, overwrite, update, names)
     state = read_state(checkpoint)
     if metrics is None:
         best = best_evaluation(state.get("eval_history", []))
@@ -63,24 +74,47 @@ def export_checkpoint(checkpoint: Path, out_dir: Path, metrics: dict | None = No
         (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
         (tmp / "README.md").write_text(model_card(training_args, metrics), encoding="utf-8")
         add_onnx(tmp, onnx, quantize)
-        check_out_dir(out_dir, overwrite)  # again: the ONNX check takes a while
-        keep_what_is_not_ours(out_dir, tmp)
+        check_out_dir(out_dir, overwrite, update)  # again: the ONNX check takes a while
+        keep_what_is_not_ours(out_dir, tmp, overwrite)
     return out_dir
 
 
 def export_folder(model_dir: Path, out_dir: Path, onnx: bool = False, quantize: str | None = None,
                   overwrite: bool = False) -> Path:
-    """An exported model folder copied to `out_dir` (in place when they are the same: allowed without
-    `overwrite`, since naming the folder twice asks for it), ONNX files added."""
+    """The files of an exported model folder copied to `out_dir`, ONNX files added. In place when they are the same
+    folder: allowed without `overwrite`, since naming the folder twice asks for it, and its files are copied onto
+    themselves; what is not the export's stays."""
     out_dir = Path(out_dir)
-    overwrite = overwrite or same_folder(model_dir, out_dir)
-    check_out_dir(out_dir, overwrite)
+    in_place = same_folder(model_dir, out_dir)
+    files, unvouched = files_of_export(model_dir)
+    names = onnx_names(onnx, quantize) | (set() if in_place else {p.name for p in files})
+    check_out_dir(out_dir, overwrite, in_place, names)
     with staged_folder(out_dir) as tmp:
-        shutil.copytree(model_dir, tmp, ignore=shutil.ignore_patterns("*.onnx", ".*.tmp*"), dirs_exist_ok=True)
+        for path in files:
+            shutil.copy2(path, tmp / path.name)
         add_onnx(tmp, onnx, quantize)
-        check_out_dir(out_dir, overwrite)
-        keep_what_is_not_ours(out_dir, tmp)
+        check_out_dir(out_dir, overwrite, in_place)
+        keep_what_is_not_ours(out_dir, tmp, overwrite, unvouched)
     return out_dir
+
+
+def files_of_export(folder: Path) -> tuple[list[Path], set[str]]:
+    """The files an export of `folder` copies (its listed ones; without a listing, every plain file but dotted
+    and ONNX ones), and the names among them that no record vouches for (edited since, or unlisted)."""
+    listed = read_listing(folder)
+    files = [p for p in sorted(folder.iterdir()) if p.is_file() and not p.is_symlink() and not p.name.startswith(".")
+             and not p.name.endswith(".onnx") and (listed is None or p.name in listed)]
+    return files, {p.name for p, _ in unrecorded(folder, {p.name for p in files})}
+
+
+def checkpoint_export_names(checkpoint: Path | None) -> set[str]:
+    """The names an export of `checkpoint` writes (without ONNX files): its model's files and the description."""
+    model = Path(checkpoint) / "model" if checkpoint is not None else None
+    return set(DESCRIPTION) | ({p.name for p in model.iterdir() if p.is_file()} if model and model.is_dir() else set())
+
+
+def onnx_names(onnx: bool, quantize: str | None) -> set[str]:
+    return ({"model.onnx"} if onnx else set()) | ({"model.int8.onnx"} if onnx and quantize else set())
 
 
 def export_any(source: Path, out_dir: Path, onnx: bool = False, quantize: str | None = None,
@@ -94,22 +128,60 @@ def export_any(source: Path, out_dir: Path, onnx: bool = False, quantize: str | 
                     "(config.json + training_args.json)")
 
 
-def keep_what_is_not_ours(old: Path, staged: Path) -> None:
-    """List the new export's files in `staged`, then link in every entry of the export at `old` that is not one of
-    its files, so the folder swap keeps them. Hard links, not moves: until the swap, `old` stays whole. Files the
-    old export wrote and the new one does not (ONNX files of other weights) are left behind with it."""
-    new_files = {p.name: sha256_file(p) for p in sorted(staged.iterdir()) if p.is_file()}
+def keep_what_is_not_ours(old: Path, staged: Path, overwrite: bool, unvouched: set[str] = frozenset()) -> None:
+    """List the new export's files in `staged` (all but `unvouched`), then link in every entry of the export at
+    `old` that was never its own, so the folder swap keeps them. Hard links, not moves: until the swap, `old`
+    stays whole. The old export's own files that the new one does not write (ONNX files of other weights) are left
+    behind with it. A file the new export also writes is replaced: if no record shows it is the old export's own,
+    only with `overwrite`, and named in the log first."""
+    new_files = {p.name: sha256_file(p) for p in sorted(staged.iterdir()) if p.is_file() and p.name not in unvouched}
     (staged / EXPORT_LISTING).write_text(json.dumps(new_files, indent=1, sort_keys=True) + "\n")
     if not old.is_dir():
         return
-    listed = read_listing(old)
-    ours = set(listed) if listed is not None else EXPORT_NAMES | set(new_files)
+    not_ours = dict(unrecorded(old))
     for entry in sorted(old.iterdir()):
-        if entry.name in ours or entry.name == EXPORT_LISTING or (staged / entry.name).exists():
-            if listed and entry.name in listed and entry.is_file() and sha256_file(entry) != listed[entry.name]:
-                log.warning("%s: edited since it was exported; replaced by the new export", entry)
+        new = staged / entry.name
+        if entry.name == EXPORT_LISTING:
             continue
-        link_tree(entry, staged / entry.name)
+        if new.exists() or new.is_symlink():
+            if entry in not_ours and not same_contents(entry, new):
+                replace_unrecorded(entry, not_ours[entry], overwrite)
+        elif entry in not_ours:
+            link_tree(entry, new)
+
+
+def unrecorded(folder: Path, names: set[str] | None = None) -> list[tuple[Path, str]]:
+    """The entries of export `folder` (those named in `names`, or all) that no record shows an export wrote as they
+    are now, each with why: not in its listing, or edited since (another SHA-256). Without a listing (an export from
+    before it), what is not named as a model folder's files, and README.md."""
+    listed = read_listing(folder)
+    found = []
+    for entry in sorted(folder.iterdir()):
+        if entry.name == EXPORT_LISTING or (names is not None and entry.name not in names):
+            continue
+        if entry.is_symlink() or not entry.is_file():
+            found.append((entry, "not written by an export (an export writes plain files only)"))
+        elif listed is None and entry.name not in UNLISTED_EXPORT_NAMES:
+            found.append((entry, f"no {EXPORT_LISTING} shows an export wrote it"))
+        elif listed is not None and entry.name not in listed:
+            found.append((entry, f"not written by an export (not in {EXPORT_LISTING})"))
+        elif listed is not None and sha256_file(entry) != listed[entry.name]:
+            found.append((entry, "edited since it was exported"))
+    return found
+
+
+def replace_unrecorded(path: Path, why: str, overwrite: bool) -> None:
+    if not overwrite:
+        raise UserError(refusal(path, why))
+    log.warning("%s: %s; replaced by the new export (--overwrite)", path, why)
+
+
+def refusal(path: Path, why: str) -> str:
+    return f"{path}: {why}; nothing was changed: move it away, or pass --overwrite to replace it"
+
+
+def same_contents(a: Path, b: Path) -> bool:
+    return a.is_file() and b.is_file() and not a.is_symlink() and filecmp.cmp(a, b, shallow=False)
 
 
 def read_listing(folder: Path) -> dict | None:
@@ -145,8 +217,9 @@ def same_folder(a: Path, b: Path) -> bool:
     return Path(a).resolve() == Path(b).resolve()
 
 
-def check_out_dir(out_dir: Path, overwrite: bool) -> None:
-    """Only a new or empty folder, or (with `overwrite`) one of our own exports, may be replaced."""
+def check_out_dir(out_dir: Path, overwrite: bool, update: bool = False, names: set[str] = frozenset()) -> None:
+    """Only a new or empty folder, or (with `overwrite` or `update`) one of our own exports, may be replaced; of an
+    export, a file among `names` (what the new export writes) that no record shows it wrote only with `overwrite`."""
     if not out_dir.exists():
         if out_dir.is_symlink():
             raise UserError(f"{out_dir}: a link to nothing; remove it or choose another OUT")
@@ -158,9 +231,12 @@ def check_out_dir(out_dir: Path, overwrite: bool) -> None:
     if not is_export(out_dir):
         raise UserError(f"{out_dir}: exists and holds files that are not an exported model (no config.json + "
                         "training_args.json); nothing was changed: choose a new or empty folder for OUT")
-    if not overwrite:
+    if not (overwrite or update):
         raise UserError(f"{out_dir}: already holds an exported model; pass --overwrite to replace it, "
                         "or choose another OUT")
+    unsure = [] if overwrite else unrecorded(out_dir, names)
+    if unsure:
+        raise UserError(refusal(*unsure[0]))
 
 
 def add_onnx(folder: Path, onnx: bool, quantize: str | None) -> None:

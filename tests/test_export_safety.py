@@ -1,5 +1,5 @@
-"""Nothing of the user's is ever deleted: `ner.export` OUT, `--overwrite-output-dir`, and the temporary
-names of ner/files.py (created here, never reused, removed on failure)."""
+"""Nothing of the user's is ever deleted: `ner.export` OUT (the model card included), `--overwrite-output-dir`, and
+the temporary names of ner/files.py (created here, never reused, removed on failure)."""
 
 from __future__ import annotations
 
@@ -14,16 +14,38 @@ from conftest import python_module, run_cli
 import ner.export_onnx
 from ner import files
 from ner.errors import UserError
+from ner.export import EXPORT_LISTING, export_checkpoint
 from ner.export import main as export_main
 from ner.run import claim_output_dir
 
 
+def list_as_export(folder):
+    """The listing an export writes: its files with their SHA-256."""
+    listing = {p.name: files.sha256_file(p) for p in sorted(folder.iterdir()) if p.is_file()}
+    (folder / EXPORT_LISTING).write_text(json.dumps(listing))
+
+
 @pytest.fixture
 def export(random_model, tmp_path):
-    """An export as this tool writes it (config.json + training_args.json), built without training."""
+    """An export as this tool writes it (config.json + training_args.json, listed), built without training."""
     folder = tmp_path / "src"
     shutil.copytree(random_model, folder)
     (folder / "training_args.json").write_text(json.dumps({"label_list": ["O"]}))
+    list_as_export(folder)
+    return folder
+
+
+@pytest.fixture
+def checkpoint(random_model, tmp_path):
+    """A complete checkpoint folder (model/, trainer_state.json, manifest.json), built without training."""
+    folder = tmp_path / "checkpoints" / "step_4"
+    shutil.copytree(random_model, folder / "model")
+    state = {"config": {"model": "tiny-bert"}, "label_list": ["O", "B-PER", "I-PER"], "tag_scheme": "IOB2",
+             "global_step": 4, "versions": {}, "eval_history": []}
+    (folder / "trainer_state.json").write_text(json.dumps(state))
+    manifest = {p.relative_to(folder).as_posix(): {"size": p.stat().st_size, "sha256": files.sha256_file(p)}
+                for p in sorted(folder.rglob("*")) if p.is_file()}
+    (folder / "manifest.json").write_text(json.dumps({"step": 4, "files": manifest}))
     return folder
 
 
@@ -71,6 +93,7 @@ def test_overwrite_replaces_only_the_exports_files_in_a_model_repository(export,
     """A clone of a model repository: .git/, the user's notes and an edited model card around an export."""
     out = tmp_path / "exported"
     (export / "README.md").write_text("# the model card an export writes\n")
+    list_as_export(export)
     assert export_main([str(export), str(out)]) == 0
     (out / ".git" / "objects").mkdir(parents=True)
     (out / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
@@ -135,6 +158,79 @@ def test_a_file_as_out_is_refused(export, tmp_path, capsys):
     assert export_main([str(export), str(out)]) == 2
     assert f"{out}: exists and is not a folder" in one_error_line(capsys)
     assert out.read_bytes() == b"user data"
+
+
+def test_a_readme_of_yours_in_an_export_is_replaced_only_with_overwrite_and_named_first(export, checkpoint, tmp_path,
+                                                                                        monkeypatch, caplog, capsys):
+    """OUT is an export that wrote no card (SRC had none); the README.md there is the user's, in no listing."""
+    out = tmp_path / "exported"
+    assert export_main([str(export), str(out)]) == 0
+    (out / "README.md").write_text("# my model card\n")
+    assert export_main([str(checkpoint), str(out)]) == 2  # an export is replaced only with --overwrite at all
+    assert "already holds an exported model" in one_error_line(capsys)
+
+    def fake_onnx(folder, quantize=None):
+        (folder / "model.onnx").write_bytes(b"graph")
+        return {"max_logit_diff": 0.0}
+
+    monkeypatch.setattr(ner.export_onnx, "write_onnx", fake_onnx)
+    assert export_main([str(out), str(out), "--onnx"]) == 0  # in place: the export's files only
+    assert (out / "README.md").read_text() == "# my model card\n" and (out / "model.onnx").is_file()
+    assert "README.md" not in json.loads((out / EXPORT_LISTING).read_text())
+
+    real_replace, warned_before_swap = files.replace_folder, []
+
+    def replace_folder(new, path):
+        warned_before_swap.append(f"{out / 'README.md'}: not written by an export" in caplog.text)
+        real_replace(new, path)
+
+    monkeypatch.setattr(files, "replace_folder", replace_folder)
+    with caplog.at_level("WARNING", logger="ner"):
+        assert export_main([str(checkpoint), str(out), "--overwrite"]) == 0
+    assert (out / "README.md").read_text().startswith("---\nlibrary_name: transformers")  # the card, after the log
+    assert warned_before_swap == [True]
+
+
+@pytest.mark.parametrize("card", ["yours", "edited"])
+def test_the_end_of_training_export_refuses_to_replace_a_card_no_record_shows_it_wrote(checkpoint, tmp_path, card,
+                                                                                       monkeypatch):
+    out = tmp_path / "final"
+    export_checkpoint(checkpoint, out, update=True)
+    if card == "yours":  # an export that listed no card
+        listing = json.loads((out / EXPORT_LISTING).read_text())
+        del listing["README.md"]
+        (out / EXPORT_LISTING).write_text(json.dumps(listing))
+    (out / "README.md").write_text("# my notes on this model\n")
+    before, work = snapshot(tmp_path), []
+    monkeypatch.setattr(ner.export, "add_onnx", lambda *args: work.append(args))
+    with pytest.raises(UserError, match=f"^{out / 'README.md'}: .*; nothing was changed: move it away"):
+        export_checkpoint(checkpoint, out, update=True)
+    assert snapshot(tmp_path) == before and work == []  # refused before the export's work
+
+
+def test_a_card_of_yours_written_while_the_export_runs_is_not_replaced(checkpoint, tmp_path, monkeypatch):
+    out = tmp_path / "final"
+    export_checkpoint(checkpoint, out, update=True)
+    listing = json.loads((out / EXPORT_LISTING).read_text())
+    del listing["README.md"]
+    (out / EXPORT_LISTING).write_text(json.dumps(listing))
+    (out / "README.md").unlink()
+    monkeypatch.setattr(ner.export, "add_onnx", lambda *args: (out / "README.md").write_text("# mine\n"))
+    with pytest.raises(UserError, match=f"^{out / 'README.md'}: not written by an export"):
+        export_checkpoint(checkpoint, out, update=True)
+    assert (out / "README.md").read_text() == "# mine\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoints", "final"]
+
+
+def test_the_end_of_training_export_replaces_its_own_card_and_keeps_your_files(checkpoint, tmp_path, caplog):
+    out = tmp_path / "final"
+    export_checkpoint(checkpoint, out, update=True)
+    card = (out / "README.md").read_text()
+    (out / "NOTES.md").write_text("mine")
+    with caplog.at_level("WARNING", logger="ner"):
+        export_checkpoint(checkpoint, out, {"validation": None, "stop_reason": "resumed and stopped"}, update=True)
+    assert (out / "README.md").read_text() != card and (out / "NOTES.md").read_text() == "mine"
+    assert caplog.text == ""
 
 
 # ----------------------------------------------------------------------------- --overwrite-output-dir

@@ -10,16 +10,19 @@ Layout of `OUTPUT_DIR/checkpoints/step_<N>/`:
     manifest.json       name, size and sha256 of every file above; written last
 
 A checkpoint is complete only when its manifest exists and matches: the folder is written as
-`.tmp-step_<N>`, every file fsynced, renamed into place, and only then the manifest is written.
+`.tmp-step_<N>`, every file fsynced, the manifest written last, and only then renamed into place, so a
+`step_<N>` folder always has its manifest. The manifest is also the record of what the run wrote there:
+rotation removes a checkpoint only when it holds nothing else.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import random
 import shutil
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import numpy as np
 import torch
@@ -120,10 +123,9 @@ def _seal(tmp: Path, final: Path, step: int) -> None:
     files = sorted(p for p in tmp.rglob("*") if p.is_file())
     for path in files:
         fsync_path(path)
+    entries = {p.relative_to(tmp).as_posix(): {"size": p.stat().st_size, "sha256": sha256_file(p)} for p in files}
+    write_json_atomic(tmp / MANIFEST, {"step": step, "files": entries})
     replace_folder(tmp, final)  # over an older incomplete or superseded copy of the same step, if any
-    entries = {str(p.relative_to(tmp)): {"size": (final / p.relative_to(tmp)).stat().st_size,
-                                          "sha256": sha256_file(final / p.relative_to(tmp))} for p in files}
-    write_json_atomic(final / MANIFEST, {"step": step, "files": entries})
 
 
 def stale_folders(root: Path) -> list[Path]:
@@ -241,12 +243,43 @@ def load_scaler(backend: Backend, folder: Path) -> None:
 
 
 def rotate(output_dir: Path, keep_newest: int, best_step: int | None) -> None:
-    """Delete all but the newest `keep_newest` complete checkpoints and the best one."""
+    """Delete all but the newest `keep_newest` complete checkpoints and the best one; a checkpoint that holds
+    anything its manifest does not list (a file of yours) is kept whole, and the log says so."""
     if keep_newest <= 0:
         return
     complete = [p for p in list_checkpoints(output_dir) if (p / MANIFEST).is_file()]
     keep = {p for p in complete[-keep_newest:]}
     keep |= {p for p in complete if best_step is not None and step_of(p) == best_step}
     for folder in complete:
-        if folder not in keep:
+        if folder in keep:
+            continue
+        foreign = not_in_manifest(folder)
+        if foreign:
+            log.warning("%s: not rotated: it holds %s, which the checkpoint does not", folder, foreign[0])
+        else:
             shutil.rmtree(folder, ignore_errors=True)
+
+
+def not_in_manifest(folder: Path) -> list[Path]:
+    """What checkpoint `folder` holds that its manifest does not list (all of it when it has no readable one)."""
+    try:
+        listed = set(json.loads((folder / MANIFEST).read_text(encoding="utf-8"))["files"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return unlisted(folder, set())
+    return unlisted(folder, listed | {MANIFEST})
+
+
+def unlisted(folder: Path, paths: set[str]) -> list[Path]:
+    """The entries under `folder` that are neither in `paths` (relative, `/`-separated) nor a folder holding one;
+    a folder that is not is named once, without its contents."""
+    holders = {parent.as_posix() for path in paths for parent in PurePosixPath(path).parents} - {"."}
+    known = paths | holders
+    found: list[Path] = []
+    for root, dirs, files in os.walk(folder):
+        base = PurePosixPath(Path(root).relative_to(folder).as_posix())
+        for name in sorted(dirs):
+            if (base / name).as_posix() not in known:
+                found.append(Path(root) / name)
+                dirs.remove(name)  # named whole: what it holds is not walked
+        found += [Path(root) / name for name in sorted(files) if (base / name).as_posix() not in paths]
+    return sorted(found)

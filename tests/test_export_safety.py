@@ -12,6 +12,7 @@ import pytest
 from conftest import python_module, run_cli
 
 import ner.export_onnx
+from ner import checkpoint as ckpt
 from ner import files
 from ner.errors import UserError
 from ner.export import EXPORT_LISTING, export_checkpoint
@@ -284,6 +285,18 @@ def test_resume_refuses_a_final_folder_it_would_have_to_replace(tmp_path):
     with pytest.raises(UserError, match="does not write"):
         claim(out, overwrite=False, resume="auto")
     assert (out / "final" / "report.pdf").read_text() == "mine"
+
+
+def test_rotation_keeps_a_checkpoint_that_holds_a_file_of_yours(checkpoint, tmp_path, caplog):
+    out = checkpoint.parent.parent
+    for step in (8, 12):
+        shutil.copytree(checkpoint, out / "checkpoints" / f"step_{step}")
+    (checkpoint / "model" / "my_probe.txt").write_text("mine")
+    with caplog.at_level("WARNING"):
+        ckpt.rotate(out, keep_newest=1, best_step=None)
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_12", "step_4"]
+    assert (checkpoint / "model" / "my_probe.txt").read_text() == "mine"
+    assert f"{checkpoint}: not rotated" in caplog.text
 
 
 # ----------------------------------------------------------------------------- ner/files.py

@@ -23,55 +23,26 @@ import argparse
 import json
 import sys
 import textwrap
-from dataclasses import dataclass
 from pathlib import Path
 
 from seqeval.metrics import classification_report
 from seqeval.metrics.sequence_labeling import get_entities
 
-from ner.analysis import analyse, format_analysis
+from ner.analysis import Match, Span, analyse, format_analysis, match_entities
 from ner.config import add_data_arguments, add_inference_arguments
 from ner.data import Example, check_known_labels
 from ner.errors import UserError, cli
 from ner.formats import read_examples
 from ner.metrics import entity_scores, seqeval_kwargs
 
-Span = tuple[str, int, int]  # (type, first word, last word), as seqeval's get_entities
+# What the side-by-side view says of each kind of match.
+PROBLEM = {"correct": "", "wrong_type": "wrong type", "boundary": "wrong span",
+           "boundary_and_type": "wrong span and type", "missed": "missed", "spurious": "spurious"}
 
 
-@dataclass
-class Row:
-    """One line of the side-by-side view: a gold entity, a predicted one, or both."""
-
-    gold: Span | None
-    predicted: Span | None
-
-    @property
-    def problem(self) -> str:
-        if self.gold is None:
-            return "spurious"
-        if self.predicted is None:
-            return "missed"
-        if self.gold == self.predicted:
-            return ""
-        same_span = self.gold[1:] == self.predicted[1:]
-        return "wrong type" if same_span else ("wrong span" if self.gold[0] == self.predicted[0]
-                                                else "wrong span and type")
-
-
-def side_by_side(gold: list[str], predicted: list[str]) -> list[Row]:
-    """Exact matches and overlapping spans share a row; the rest stand alone; in sentence order."""
-    gold_spans = set(get_entities(gold))
-    pred_spans = set(get_entities(predicted))
-    rows = [Row(span, span) for span in gold_spans & pred_spans]
-    unmatched_pred = sorted(pred_spans - gold_spans, key=lambda s: s[1])
-    for span in sorted(gold_spans - pred_spans, key=lambda s: s[1]):
-        overlap = next((p for p in unmatched_pred if p[1] <= span[2] and span[1] <= p[2]), None)
-        if overlap is not None:
-            unmatched_pred.remove(overlap)
-        rows.append(Row(span, overlap))
-    rows += [Row(None, span) for span in unmatched_pred]
-    return sorted(rows, key=lambda r: min(s[1] for s in (r.gold, r.predicted) if s is not None))
+def side_by_side(gold: list[str], predicted: list[str]) -> list[Match]:
+    """One row per match of ner.analysis (the kinds of error the report counts), in sentence order."""
+    return match_entities(get_entities(gold), get_entities(predicted))
 
 
 def entity_errors(gold: list[str], predicted: list[str]) -> int:
@@ -95,7 +66,7 @@ def format_sentence(rank: int, example: Example, predicted: list[str]) -> str:
     rows = side_by_side(example.tags, predicted)
     where = f"{example.source}:{example.lines[0]}" if example.lines else example.source
     text = textwrap.fill(" ".join(example.words), width=100, initial_indent="    ", subsequent_indent="    ")
-    cells = [(_describe(example.words, r.gold), _describe(example.words, r.predicted), r.problem) for r in rows]
+    cells = [(_describe(example.words, r.gold), _describe(example.words, r.predicted), PROBLEM[r.kind]) for r in rows]
     width = max([len("gold")] + [len(c[0]) for c in cells])
     pred_width = max([len("predicted")] + [len(c[1]) for c in cells])
     lines = [f"#{rank}  {where}  ({entity_errors(example.tags, predicted)} entity errors)", text,
@@ -115,7 +86,7 @@ def to_json(examples: list[Example], predicted: list[list[str]], worst: list[int
     return [{"source": e.source, "line": e.lines[0] if e.lines else None, "words": e.words,
              "errors": entity_errors(e.tags, predicted[i]),
              "rows": [{"gold": entity(e.words, r.gold), "predicted": entity(e.words, r.predicted),
-                       "problem": r.problem or None} for r in side_by_side(e.tags, predicted[i])]}
+                       "problem": PROBLEM[r.kind] or None} for r in side_by_side(e.tags, predicted[i])]}
             for i in worst for e in [examples[i]]]
 
 

@@ -82,6 +82,10 @@ class TrainConfig:
         0.2, "with casing types, the share of training windows shown without case (every type 0), so the model "
         "also tags text whose case it is not given, as in a plain transformers pipeline")
     label_all_subwords: bool = _opt(False, "train on every subword, not only the first of each word")
+    min_score: str | None = _opt(
+        None, "entities whose score (the mean probability of their tags) is below this are dropped at inference: "
+        "0.5, or per type, 0.5,PER=0.8; stored in the export, so ner.predict, ner.evaluate, ner.serve and corpus "
+        "tagging all apply it (their own --min-score overrides it)")
     # model
     model: str = _opt(DEFAULT_MODEL, "hub id or local folder of a pretrained encoder (MiniLM is packaged offline)")
     trust_remote_code: bool = _opt(False, "allow model repositories to run their own Python code")
@@ -161,6 +165,7 @@ class TrainConfig:
                 raise UserError(f"--{_flag(name)} must be zero or more (got {getattr(self, name)})")
         if not 0.0 <= self.casing_dropout <= 1.0:
             raise UserError(f"--casing-dropout must be in [0, 1] (got {self.casing_dropout})")
+        parse_min_score(self.min_score)
         if not 0.0 <= self.warmup_ratio < 1.0:
             raise UserError(f"--warmup-ratio must be in [0, 1) (got {self.warmup_ratio})")
         if self.learning_rate < 0:
@@ -330,10 +335,30 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default: what the model was trained with, viterbi for new models)")
     parser.add_argument("--mixed-precision", choices=("auto", "no", "bf16"), default="auto",
                         help="autocast dtype (default: auto, bf16 where supported)")
+    parser.add_argument("--min-score", action="append", default=None, metavar="SCORE|TYPE=SCORE",
+                        help="drop entities scored below SCORE, overall or for one type (PER=0.8); repeatable "
+                             "(default: the model's, from training's --min-score, else none)")
     parser.add_argument("--runtime", choices=RUNTIMES, default="torch",
                         help="torch (default); onnx / onnx-int8: onnxruntime (CUDA where it has the provider and "
                              "the device is a GPU, else the CPU) over model.onnx / model.int8.onnx, written by "
                              "python -m ner.export MODEL_DIR OUT --onnx --quantize int8")
+
+
+def parse_min_score(spec: str | list[str] | None) -> dict[str, float]:
+    """--min-score "0.5,PER=0.8" (or the flag repeated) -> {"": 0.5, "PER": 0.8}; "" is every other type."""
+    parts = [p.strip() for item in ([spec] if isinstance(spec, str) else spec or []) for p in item.split(",")]
+    thresholds: dict[str, float] = {}
+    for part in filter(None, parts):
+        kind, _, value = part.rpartition("=")
+        try:
+            score = float(value)
+        except ValueError:
+            score = -1.0
+        if not 0.0 <= score <= 1.0 or "=" in kind:
+            raise UserError(f"--min-score {part}: expected a score in [0, 1], overall (0.5) or for one type "
+                            "(PER=0.8)")
+        thresholds[kind.strip()] = score
+    return thresholds
 
 
 def add_data_arguments(parser: argparse.ArgumentParser) -> None:

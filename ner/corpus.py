@@ -272,6 +272,7 @@ def computation(tagger, args: argparse.Namespace) -> dict:
             "threads": intra_op_threads(tagger.runtime) if runs_on == "cpu" else None,
             "casing": tagger.settings.casing, "context": "document" if tagger.uses_context(one_text) else "none",
             "decode": tagger.decoder.method, "max_seq_length": tagger.max_seq_length,
+            "min_score": tagger.min_score or None,
             "batch_size": args.batch_size, "max_tokens": args.max_tokens}
 
 
@@ -294,6 +295,8 @@ def how_to_match(key: str, old: object) -> str | None:
         return f"OMP_NUM_THREADS={old}" if old else None
     if key == "device":
         return f"a {old} device"
+    if key == "min_score" and old:
+        return "--min-score " + ",".join(f"{kind}={score}" if kind else str(score) for kind, score in old.items())
     if key == "casing" or old is None:
         return None  # casing is the model's (training_args.json); None: the default, so no option to pass
     flag = "--mixed-precision" if key == "precision" else "--" + key.replace("_", "-")
@@ -530,7 +533,7 @@ def load_tagger(args: argparse.Namespace, backend):
 
     tagger = Tagger(args.model_dir, device=str(backend.device), precision=args.mixed_precision,
                     max_seq_length=args.max_seq_length, context=args.context, decode=args.decode,
-                    runtime=args.runtime)
+                    runtime=args.runtime, min_score=args.min_score)
     args.batch_size, args.max_tokens = inference_budget(tagger.runtime.device_type, args.batch_size,
                                                         args.max_tokens)
     return tagger

@@ -32,6 +32,7 @@ from ner.config import (
     check_max_seq_length,
     inference_batch_limits,
     inference_budget,
+    parse_min_score,
 )
 from ner.data import Example, scheme_of_labels
 from ner.decode import Decoder
@@ -137,6 +138,7 @@ class ModelSettings:
     casing: str = "none"  # types | none, as resolved at training
     tag_scheme: str | None = None
     decode: str = "viterbi"
+    min_score: str | None = None
 
     @classmethod
     def of(cls, model_dir: Path) -> ModelSettings:
@@ -218,13 +220,14 @@ class Tagger:
 
     def __init__(self, model_dir: str | Path, device: str | None = None, precision: str = "auto",
                  max_seq_length: int | None = None, pad_to_multiple_of: int = DEFAULTS.pad_to_multiple_of,
-                 context: str = "auto", decode: str | None = None, runtime: str = "torch") -> None:
+                 context: str = "auto", decode: str | None = None, runtime: str = "torch",
+                 min_score: str | list[str] | None = None) -> None:
         import transformers
 
         transformers.utils.logging.disable_progress_bar()
         self.options = {"device": device, "precision": precision, "max_seq_length": max_seq_length,
                         "pad_to_multiple_of": pad_to_multiple_of, "context": context, "decode": decode,
-                        "runtime": runtime}  # as given: like() loads another model the same way
+                        "runtime": runtime, "min_score": min_score}  # as given: like() loads another the same way
         model_dir = Path(model_dir)
         if not (model_dir / "config.json").is_file():
             raise UserError(f"{model_dir}: not a model folder (no config.json); pass OUTPUT_DIR/final")
@@ -247,6 +250,7 @@ class Tagger:
             log.warning("%s: no training_args.json, and its labels fit IOB1 and IOB2 alike: decoded with no "
                         "transition rule (as --decode argmax); entities read leniently", model_dir)
         self.decoder = Decoder(labels, scheme, decode or self.settings.decode)
+        self.min_score = parse_min_score(min_score if min_score is not None else self.settings.min_score)
 
     def _load_runtime(self, model_dir: Path, num_labels: int, device: str | None, precision: str) -> Runtime:
         """Sets `device` and `precision` too: for ONNX, the device type as a string and "no" (no autocast)."""
@@ -268,7 +272,7 @@ class Tagger:
     def from_args(cls, args) -> Tagger:
         """From the options config.add_model_arguments defines."""
         return cls(args.model_dir, precision=args.mixed_precision, max_seq_length=args.max_seq_length,
-                   context=args.context, decode=args.decode, runtime=args.runtime)
+                   context=args.context, decode=args.decode, runtime=args.runtime, min_score=args.min_score)
 
     def like(self, model_dir: str | Path) -> Tagger:
         """Another export, loaded with the options this one was given (a server's swap keeps its settings)."""
@@ -295,7 +299,10 @@ class Tagger:
         features, batches = fixed_shape_plan(features, self.pad_to_multiple_of, rows, max_tokens)
         word_ids, scores = predict_word_scores(self.runtime, features, batches, self.tokenizer.pad_token_id,
                                                progress, self.pad_to_multiple_of)
-        return self.decoder(merge_predictions(examples, word_ids, scores))
+        tags, probabilities = self.decoder(merge_predictions(examples, word_ids, scores))
+        if self.min_score:  # every output (tags, entities, spans, tasks) is read from these tags
+            tags = [drop_below(t, p, self.min_score) for t, p in zip(tags, probabilities)]
+        return tags, probabilities
 
     def predict(self, texts: list[str], max_sentences: int | None = None,
                 max_tokens: int | None = None, progress: Progress = no_progress,
@@ -311,6 +318,19 @@ class Tagger:
                     for i, words in enumerate(split)]
         tags, probs = self.tag(examples, max_sentences, max_tokens, progress)
         return [{"entities": entities(t, p, words, text)} for text, words, t, p in zip(texts, split, tags, probs)]
+
+
+def drop_below(tags: list[str], probs: np.ndarray, min_score: dict[str, float]) -> list[str]:
+    """The tags with every entity whose score (the mean probability of its tags, as `entities` reports it) is
+    below its type's threshold (else the overall one, key "") turned into O."""
+    from seqeval.metrics.sequence_labeling import get_entities
+
+    kept = list(tags)
+    for kind, first, last in get_entities(tags):
+        threshold = min_score.get(kind, min_score.get("", 0.0))
+        if round(float(probs[first:last + 1].mean()), 4) < threshold:
+            kept[first:last + 1] = ["O"] * (last + 1 - first)
+    return kept
 
 
 def entities(tags: list[str], probs: np.ndarray, words: list[Word], text: str | None = None) -> list[dict]:

@@ -280,7 +280,7 @@ def test_the_manifest_records_model_settings_computation_and_input(random_model,
     # (the CPU's tokens here; windows as given), so a resume on a GPU is refused, not mixed
     assert manifest["computation"] == {
         "runtime": "torch", "precision": "no", "device": "cpu", "threads": torch.get_num_threads(), "casing": "none",
-        "context": "none", "decode": "viterbi", "max_seq_length": 128, "batch_size": 3,
+        "context": "none", "decode": "viterbi", "max_seq_length": 128, "min_score": None, "batch_size": 3,
         "max_tokens": INFERENCE_BUDGETS["cpu"][1]}
     assert manifest["inputs"][0]["files"][0]["size"] == corpus["first"].stat().st_size
     shutil.rmtree(out)

@@ -12,7 +12,11 @@ Layout of `OUTPUT_DIR/checkpoints/step_<N>/`:
 A checkpoint is complete only when its manifest exists and matches: the folder is written as
 `.tmp-step_<N>`, every file fsynced, the manifest written last, and only then renamed into place, so a
 `step_<N>` folder always has its manifest. The manifest is also the record of what the run wrote there:
-rotation removes a checkpoint only when it holds nothing else.
+rotation and --overwrite-output-dir remove a checkpoint only when it holds nothing else.
+
+OUTPUT_DIR/trackers/.ner-trackers.json lists every path the --report-to trackers wrote in trackers/: brought up to
+date at each checkpoint and when the run ends (trackers write their last files as they close), by the process
+whose run claimed the folder, and never listing what was there, unlisted, when that run began.
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ from ner.files import atomic_write_text, fsync_path, replace_folder, sha256_file
 log = logging.getLogger(__name__)
 
 CHECKPOINTS = "checkpoints"
+TRACKERS = "trackers"  # OUTPUT_DIR/trackers/: the --report-to trackers' local files
+TRACKER_RECORD = ".ner-trackers.json"  # in trackers/: every path the trackers wrote there
 MANIFEST = "manifest.json"
 STATE = "trainer_state.json"
 # Options that may differ on resume. Most change where output goes or how often, not the math.
@@ -115,6 +121,7 @@ def save_checkpoint(backend: Backend, output_dir: Path, step: int, model, tokeni
     backend.wait_for_everyone()
     if backend.is_main_process:
         _seal(tmp, final, step)
+        record_tracker_files(output_dir)
     backend.wait_for_everyone()
     return final
 
@@ -269,6 +276,15 @@ def not_in_manifest(folder: Path) -> list[Path]:
     return unlisted(folder, listed | {MANIFEST})
 
 
+def tree_paths(folder: Path) -> set[str]:
+    """Every path under `folder` (files, folders, links; links not followed), relative and `/`-separated."""
+    found: set[str] = set()
+    for root, dirs, files in os.walk(folder):
+        base = PurePosixPath(Path(root).relative_to(folder).as_posix())
+        found |= {(base / name).as_posix() for name in dirs + files}
+    return found
+
+
 def unlisted(folder: Path, paths: set[str]) -> list[Path]:
     """The entries under `folder` that are neither in `paths` (relative, `/`-separated) nor a folder holding one;
     a folder that is not is named once, without its contents."""
@@ -283,3 +299,44 @@ def unlisted(folder: Path, paths: set[str]) -> list[Path]:
                 dirs.remove(name)  # named whole: what it holds is not walked
         found += [Path(root) / name for name in sorted(files) if (base / name).as_posix() not in paths]
     return sorted(found)
+
+
+# Output folders whose run this process holds -> the paths in their trackers/ that were not the run's when it began
+_tracker_runs: dict[Path, frozenset[str]] = {}
+
+
+def recorded_tracker_paths(output_dir: Path) -> set[str] | None:
+    try:
+        paths = json.loads((Path(output_dir) / TRACKERS / TRACKER_RECORD).read_text(encoding="utf-8"))["paths"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return {p for p in paths if isinstance(p, str)} if isinstance(paths, list) else None
+
+
+def claim_tracker_files(output_dir: Path, claimed: bool) -> None:
+    """A run starts in `output_dir` (claimed) or was refused it: from now on, and only if claimed, this process
+    adds what the trackers write to the record; what trackers/ holds unlisted now never joins it."""
+    key = Path(output_dir).resolve()
+    _tracker_runs.pop(key, None)
+    if claimed:
+        folder = Path(output_dir) / TRACKERS
+        present = tree_paths(folder) if folder.is_dir() else set()
+        _tracker_runs[key] = frozenset(present - (recorded_tracker_paths(output_dir) or set()) - {TRACKER_RECORD})
+
+
+def record_tracker_files(output_dir: Path, release: bool = False) -> None:
+    """Write trackers/.ner-trackers.json if this process's run holds `output_dir` (`release`: the run is over)."""
+    key = Path(output_dir).resolve()
+    not_ours = _tracker_runs.pop(key, None) if release else _tracker_runs.get(key)
+    folder = Path(output_dir) / TRACKERS
+    if not_ours is None or not folder.is_dir():
+        return
+    paths = sorted(tree_paths(folder) - not_ours - {TRACKER_RECORD})
+    atomic_write_text(folder / TRACKER_RECORD, json.dumps({"paths": paths}, indent=1) + "\n")
+
+
+def unrecorded_tracker_files(output_dir: Path) -> list[Path]:
+    """What trackers/ holds that its record does not list (all of it without a record: a run from before the
+    record, or one killed before its first checkpoint)."""
+    folder = Path(output_dir) / TRACKERS
+    return unlisted(folder, (recorded_tracker_paths(output_dir) or set()) | {TRACKER_RECORD})

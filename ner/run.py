@@ -41,7 +41,7 @@ from ner.data import (
 from ner.decode import Decoder
 from ner.encode import cached_encode, collate_tensors, drop_casing, padded_lengths
 from ner.errors import UserError
-from ner.export import export_checkpoint, is_export
+from ner.export import checkpoint_export_names, export_checkpoint, is_export, unrecorded
 from ner.formats import Splits, load_splits
 from ner.hooks import RunHooks
 from ner.infer import EvalSet, build_eval_set, evaluate, predict_tags
@@ -62,11 +62,13 @@ log = logging.getLogger("ner")
 
 # What a finished or running job leaves; --overwrite-output-dir removes these and nothing else.
 RUN_MARKERS = ("checkpoints", "final", "metrics.jsonl", "predictions", "loss_lr.png", "validation_f1.png",
-               "per_type_f1.png", "confusion.png", "trackers")
+               "per_type_f1.png", "confusion.png", ckpt.TRACKERS)
 RUN_FILES = {"metrics.jsonl", "loss_lr.png", "validation_f1.png", "per_type_f1.png", "confusion.png"}
-# What a run writes inside its folders (trackers/ is all the trackers' own: no list); temporary names included.
-RUN_FOLDER_ENTRIES = {"checkpoints": re.compile(r"step_\d+|\.tmp-step_\d+|\.step_\d+\.old-\w+"),
-                      "predictions": re.compile(r"validation\.conll|\.validation\.conll\.tmp-\w+\.conll")}
+# The names a run gives inside checkpoints/ (staging names included: whole folders only this tool writes) and
+# predictions/. What a checkpoint, final/ and trackers/ hold is checked against their records.
+CHECKPOINT_NAME = re.compile(r"step_\d+")
+STAGING_NAME = re.compile(r"\.tmp-step_\d+|\.step_\d+\.old-\w+")
+PREDICTION_NAME = re.compile(r"validation\.conll|\.validation\.conll\.tmp-\w+\.conll")
 
 
 def setup_logging(is_main: bool) -> None:
@@ -141,12 +143,14 @@ def batch_eval_sets(cfg: TrainConfig, data: Prepared) -> dict[str, EvalSet]:
             for name, features in data.eval_features.items()}
 
 
-def claim_output_dir(cfg: TrainConfig, backend: Backend) -> None:
-    """Refuse to mix two runs in one folder unless told to overwrite or resume."""
+def claim_output_dir(cfg: TrainConfig, backend: Backend, resume_from: Path | None = None) -> None:
+    """Refuse to mix two runs in one folder unless told to overwrite or resume; refuse, before anything is removed,
+    to remove or replace anything no record shows a run wrote."""
     out = cfg.output_path
+    ckpt.claim_tracker_files(out, claimed=False)
     if out.exists() and not out.is_dir():
         raise UserError(f"{out}: --output-dir exists and is not a folder")
-    taken = [m for m in RUN_MARKERS if (out / m).exists()]
+    taken = [m for m in RUN_MARKERS if (out / m).exists() or (out / m).is_symlink()]
     if taken and cfg.resume is None:
         if not cfg.overwrite_output_dir:
             raise UserError(f"{out}: holds another run ({', '.join(taken)}); pass --resume auto to continue it, "
@@ -156,32 +160,69 @@ def claim_output_dir(cfg: TrainConfig, backend: Backend) -> None:
             for marker in taken:
                 path = out / marker
                 shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
-    elif "final" in taken:  # resuming: the new final/ replaces the old at the end, so it must be ours
-        refuse_foreign(out, not_written_by_a_run(out, ["final"]))
+    elif "final" in taken:
+        check_final_for_resume(out / "final", resume_from)
     backend.wait_for_everyone()
     if backend.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
+        ckpt.claim_tracker_files(out, claimed=True)
+
+
+def check_final_for_resume(final: Path, resume_from: Path | None) -> None:
+    """A resumed run exports into final/ at its end: it must be an export, and what the new export would replace
+    there must be the old export's own (not a README.md of yours, nor a model card you edited)."""
+    if final.is_symlink() or not final.is_dir() or (any(final.iterdir()) and not is_export(final)):
+        refuse_foreign(final.parent, [final])
+    unsure = unrecorded(final, checkpoint_export_names(resume_from))
+    if unsure:
+        path, why = unsure[0]
+        raise UserError(f"{path}: {why}; the resumed run's export would replace it: move it away (nothing was "
+                        "changed)")
 
 
 def not_written_by_a_run(out: Path, markers: list[str]) -> list[Path]:
-    """What a run would not have written among `markers` in `out`: a user's file that happens to share a name."""
+    """What a run would not have written among `markers` in `out`, at any depth, or what changed since (a model
+    card edited in final/): a user's file that happens to share a name or a folder."""
     foreign = []
     for marker in markers:
         path = out / marker
         if path.is_symlink() or (path.is_dir() == (marker in RUN_FILES)):
             foreign.append(path)
         elif marker == "final":
-            foreign += [] if is_export(path) or not any(path.iterdir()) else [path]
-        elif marker in RUN_FOLDER_ENTRIES:
-            foreign += [p for p in sorted(path.iterdir()) if not RUN_FOLDER_ENTRIES[marker].fullmatch(p.name)]
+            foreign += foreign_in_final(path)
+        elif marker == "checkpoints":
+            foreign += foreign_in_checkpoints(path)
+        elif marker == "predictions":
+            foreign += [p for p in sorted(path.iterdir()) if not (PREDICTION_NAME.fullmatch(p.name) and p.is_file())]
+        elif marker == ckpt.TRACKERS:
+            foreign += ckpt.unrecorded_tracker_files(out)
+    return foreign
+
+
+def foreign_in_final(final: Path) -> list[Path]:
+    """final/ itself when it is not an export; else its entries that no record shows its export wrote as they are."""
+    if not any(final.iterdir()):
+        return []
+    if not is_export(final):
+        return [final]
+    return [p for p, _ in unrecorded(final)]
+
+
+def foreign_in_checkpoints(root: Path) -> list[Path]:
+    foreign = []
+    for entry in sorted(root.iterdir()):
+        if CHECKPOINT_NAME.fullmatch(entry.name) and entry.is_dir() and not entry.is_symlink():
+            foreign += ckpt.not_in_manifest(entry)
+        elif not (STAGING_NAME.fullmatch(entry.name) and entry.is_dir()):
+            foreign.append(entry)
     return foreign
 
 
 def refuse_foreign(out: Path, foreign: list[Path]) -> None:
     if foreign:
         named = ", ".join(str(p) for p in foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
-        raise UserError(f"{out}: holds files a training run does not write ({named}); nothing was removed: move "
-                        "them away or choose another --output-dir")
+        raise UserError(f"{out}: holds files a training run did not write or that changed since ({named}); nothing "
+                        "was removed: move them away or choose another --output-dir")
 
 
 def updates_per_epoch(sampler: TokenBudgetBatchSampler, epoch: int, cfg: TrainConfig, world_size: int) -> int:
@@ -243,7 +284,7 @@ def run(cfg: TrainConfig, backend: Backend) -> dict:
         state = TrainState(**ckpt.load_checkpoint(backend, resume_from, model, optimizer, scheduler)["train_state"])
         log.info("resumed from %s (step %d, epoch %d, batch %d)", resume_from, state.global_step, state.epoch,
                  state.batches_done)
-    claim_output_dir(cfg, backend)
+    claim_output_dir(cfg, backend, resume_from)
     if cfg.report_to != "none" and cfg.backend != "accelerate":
         log.warning("--report-to %s works through Accelerate's trackers; with --%s only metrics.jsonl is written",
                     cfg.report_to, cfg.backend)
@@ -290,9 +331,9 @@ def finish(cfg: TrainConfig, backend: Backend, model: torch.nn.Module, data: Pre
         log.info("test: %s", format_scores(scores))
     write_validation_predictions(cfg, backend, model, data, hooks)
     if backend.is_main_process:
-        # overwrite: final/ is this run's own (claim_output_dir refused anything else there); on resume it
-        # holds the export of the run's earlier end, which the new one replaces
-        export_checkpoint(source, cfg.output_path / "final", metrics, overwrite=True)
+        # update: on resume final/ holds the export of the run's earlier end, which the new one replaces
+        # (claim_output_dir refused anything else there that the new export would replace)
+        export_checkpoint(source, cfg.output_path / "final", metrics, update=True)
         log.info("exported %s", cfg.output_path / "final")
         write_plots(cfg.output_path)
         print(json.dumps({k: (v["f1"] if isinstance(v, dict) else v) for k, v in metrics.items()}))

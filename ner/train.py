@@ -18,6 +18,7 @@ from __future__ import annotations
 import sys
 
 from ner.backends import Backend, launch
+from ner.checkpoint import record_tracker_files
 from ner.config import parse_config
 from ner.errors import cli
 from ner.run import run
@@ -36,7 +37,10 @@ class Worker:
 @cli
 def main(argv: list[str] | None = None) -> int:
     cfg, args = parse_config(sys.argv[1:] if argv is None else argv)
-    launch(cfg, Worker(cfg), getattr(args, "local_rank", None))
+    try:
+        launch(cfg, Worker(cfg), getattr(args, "local_rank", None))
+    finally:  # after the backend ended, since trackers write their last files as they close
+        record_tracker_files(cfg.output_path, release=True)
     return 0
 
 

@@ -1,19 +1,22 @@
-"""Nothing of the user's is ever deleted: `ner.export` OUT (the model card included), `--overwrite-output-dir`, and
-the temporary names of ner/files.py (created here, never reused, removed on failure)."""
+"""Nothing of the user's is ever deleted: `ner.export` OUT (the model card included), `--overwrite-output-dir` (at
+any depth: checkpoints, final/, trackers/), checkpoint rotation, and the temporary names of ner/files.py (created
+here, never reused, removed on failure)."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from types import SimpleNamespace
 
 import pytest
-from conftest import python_module, run_cli
+from conftest import python_module, run_cli, tiny_args
 
 import ner.export_onnx
 from ner import checkpoint as ckpt
 from ner import files
+from ner import train as train_cli
 from ner.errors import UserError
 from ner.export import EXPORT_LISTING, export_checkpoint
 from ner.export import main as export_main
@@ -236,55 +239,155 @@ def test_the_end_of_training_export_replaces_its_own_card_and_keeps_your_files(c
 
 # ----------------------------------------------------------------------------- --overwrite-output-dir
 
-def claim(out, overwrite=True, resume=None):
+def claim(out, overwrite=True, resume=None, resume_from=None):
     cfg = SimpleNamespace(output_path=out, resume=resume, overwrite_output_dir=overwrite)
-    claim_output_dir(cfg, SimpleNamespace(is_main_process=True, wait_for_everyone=lambda: None))
+    claim_output_dir(cfg, SimpleNamespace(is_main_process=True, wait_for_everyone=lambda: None), resume_from)
 
 
-def a_finished_run(out, export):
-    (out / "checkpoints" / "step_4").mkdir(parents=True)
-    (out / "checkpoints" / "step_4" / "manifest.json").write_text("{}")
+def trackers_of_a_run(out):
+    """What tensorboard and mlflow leave in trackers/, recorded the way a run records it."""
+    ckpt.claim_tracker_files(out, claimed=True)
+    (out / "trackers" / "ner" / "1700000000.5").mkdir(parents=True)
+    (out / "trackers" / "ner" / "events.out.tfevents.1700000000.host.1.0").write_bytes(b"events")
+    (out / "trackers" / "ner" / "1700000000.5" / "hparams.yml").write_text("seed: 7\n")
+    (out / "trackers" / "mlflow.db").write_bytes(b"sqlite")
+    ckpt.record_tracker_files(out, release=True)
+
+
+def a_finished_run(out, export, checkpoint):
+    shutil.copytree(checkpoint, out / "checkpoints" / "step_4")
     (out / "predictions").mkdir()
     (out / "predictions" / "validation.conll").write_text("Ada\tB-PER\tB-PER\n")
     (out / "metrics.jsonl").write_text("{}\n")
     (out / "loss_lr.png").write_bytes(b"png")
     shutil.copytree(export, out / "final")
+    trackers_of_a_run(out)
 
 
-def test_overwrite_output_dir_removes_the_run_and_nothing_else(export, tmp_path):
+def test_overwrite_output_dir_removes_the_run_and_nothing_else(export, checkpoint, tmp_path):
     out = tmp_path / "run"
     (out / "data").mkdir(parents=True)
     (out / "data" / "train.conll").write_text("Ada B-PER\n")
     (out / "notes.md").write_text("mine")
-    a_finished_run(out, export)
+    a_finished_run(out, export, checkpoint)
     claim(out)
     assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == ["data", "data/train.conll", "notes.md"]
 
 
-@pytest.mark.parametrize("users, named", [("predictions/test_predictions.jsonl", "predictions/test_predictions.jsonl"),
-                                          ("checkpoints/best_model.pt", "checkpoints/best_model.pt"),
-                                          ("final/weights.bin", "final")])
-def test_overwrite_output_dir_refuses_a_users_file_among_a_runs(export, tmp_path, users, named):
+@pytest.mark.parametrize("users, named", [
+    ("predictions/test_predictions.jsonl", "predictions/test_predictions.jsonl"),
+    ("checkpoints/best_model.pt", "checkpoints/best_model.pt"),
+    ("checkpoints/step_4/notes.txt", "checkpoints/step_4/notes.txt"),  # inside a checkpoint: not in its manifest
+    ("checkpoints/step_4/model/mine/vocab.txt", "checkpoints/step_4/model/mine"),
+    ("final/weights.bin", "final"),  # final/ that is not an export
+    ("final/NOTES.md", "final/NOTES.md"),  # beside an export
+    ("final/README.md", "final/README.md"),  # a model card edited since the export
+    ("trackers/my_notes.md", "trackers/my_notes.md"),
+    ("trackers/ner/notes.txt", "trackers/ner/notes.txt"),
+    ("trackers/ner/1700000000.5/plots/f1.png", "trackers/ner/1700000000.5/plots")])
+def test_overwrite_output_dir_refuses_a_users_file_among_a_runs(export, checkpoint, tmp_path, users, named):
     out = tmp_path / "run"
     out.mkdir()
-    a_finished_run(out, export)
-    if users.startswith("final/"):
+    a_finished_run(out, export, checkpoint)
+    if users == "final/weights.bin":
         shutil.rmtree(out / "final")
     (out / users).parent.mkdir(parents=True, exist_ok=True)
     (out / users).write_text("mine")
     before = snapshot(out)
-    with pytest.raises(UserError, match=f"holds files a training run does not write \\({out / named}\\)"):
+    with pytest.raises(UserError, match=f"holds files a training run did not write or that changed since "
+                                        f"\\({re.escape(str(out / named))}\\); nothing was removed"):
         claim(out)
     assert snapshot(out) == before
+
+
+def test_overwrite_output_dir_refuses_trackers_no_record_lists(tmp_path):
+    """A run killed before its first checkpoint, or one from before the record: nothing shows whose files these are."""
+    out = tmp_path / "run"
+    (out / "trackers" / "ner").mkdir(parents=True)
+    (out / "trackers" / "ner" / "events.out.tfevents.1").write_bytes(b"events")
+    before = snapshot(out)
+    with pytest.raises(UserError, match=re.escape(f"({out / 'trackers' / 'ner'})")):
+        claim(out)
+    assert snapshot(out) == before
+
+
+def test_the_tracker_record_never_lists_what_was_there_before_the_run_or_a_refused_run(tmp_path):
+    out = tmp_path / "run"
+    trackers_of_a_run(out)
+    (out / "trackers" / "mine.txt").write_text("mine")  # added between two runs
+    claim(out, overwrite=False, resume="auto")  # resuming: nothing is removed
+    (out / "trackers" / "ner" / "events.out.tfevents.1700000100.host.2.0").write_bytes(b"resumed")
+    ckpt.record_tracker_files(out)  # at a checkpoint
+    assert ckpt.unrecorded_tracker_files(out) == [out / "trackers" / "mine.txt"]
+    (out / "trackers" / "later.txt").write_text("mine too")
+    with pytest.raises(UserError, match="mine.txt"):
+        claim(out)  # refused: from now on this process holds no run in `out`, so nothing joins the record
+    ckpt.record_tracker_files(out, release=True)
+    assert ckpt.unrecorded_tracker_files(out) == [out / "trackers" / "later.txt", out / "trackers" / "mine.txt"]
+
+
+def test_a_run_with_trackers_is_replaced_but_not_with_a_file_of_yours_in_trackers(tiny_bert, tiny_data, tmp_path,
+                                                                                   capsys):
+    pytest.importorskip("tensorboard")
+    out = tmp_path / "run"
+    args = tiny_args(tiny_bert, tiny_data, out, "--report-to", "tensorboard", "--logging-steps", "2",
+                     "--max-steps", "4")
+    assert train_cli.main(args) == 0
+    assert ckpt.unrecorded_tracker_files(out) == [] and (out / "trackers" / "ner").is_dir()
+    (out / "trackers" / "ner" / "my_notes.md").write_text("mine")
+    before = snapshot(out)
+    capsys.readouterr()
+    assert train_cli.main([*args, "--overwrite-output-dir"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1] == (
+        f"error: {out}: holds files a training run did not write or that changed since "
+        f"({out / 'trackers' / 'ner' / 'my_notes.md'}); nothing was removed: move them away or choose another "
+        "--output-dir") and "Traceback" not in err
+    assert snapshot(out) == before
+    (out / "trackers" / "ner" / "my_notes.md").unlink()
+    assert train_cli.main([*args, "--overwrite-output-dir"]) == 0  # only the run's own files: replaced
+    assert ckpt.unrecorded_tracker_files(out) == []
+    assert len(list((out / "trackers" / "ner").glob("events.out.tfevents.*"))) == 1  # the new run's only
+
+
+def test_the_record_is_written_after_the_trackers_close(tmp_path, monkeypatch):
+    """Trackers write their last files as they close (wandb's summary), after the run itself returned."""
+    out = tmp_path / "run"
+
+    def launch(cfg, worker, local_rank=None):
+        claim(out, overwrite=False)
+        (out / "trackers" / "wandb").mkdir(parents=True)
+        (out / "trackers" / "wandb" / "wandb-summary.json").write_text("{}")  # as the backend ends
+
+    monkeypatch.setattr(train_cli, "launch", launch)
+    assert train_cli.main(["--output-dir", str(out)]) == 0
+    assert ckpt.recorded_tracker_paths(out) == {"wandb", "wandb/wandb-summary.json"}
 
 
 def test_resume_refuses_a_final_folder_it_would_have_to_replace(tmp_path):
     out = tmp_path / "run"
     (out / "final").mkdir(parents=True)
     (out / "final" / "report.pdf").write_text("mine")
-    with pytest.raises(UserError, match="does not write"):
+    with pytest.raises(UserError, match=re.escape(f"({out / 'final'})")):
         claim(out, overwrite=False, resume="auto")
     assert (out / "final" / "report.pdf").read_text() == "mine"
+
+
+@pytest.mark.parametrize("card", ["edited", "from before the listing"])
+def test_resume_refuses_a_model_card_in_final_no_record_shows_the_export_wrote(checkpoint, tmp_path, card):
+    out = tmp_path / "run"
+    export_checkpoint(checkpoint, out / "final")
+    (out / "final" / "NOTES.md").write_text("mine")  # the export carries this over: no reason to refuse
+    claim(out, overwrite=False, resume="auto", resume_from=checkpoint)
+    if card == "edited":
+        (out / "final" / "README.md").write_text("# my card\n")
+    else:
+        (out / "final" / EXPORT_LISTING).unlink()
+    before = snapshot(out)
+    with pytest.raises(UserError, match=f"^{re.escape(str(out / 'final' / 'README.md'))}: .*; the resumed run's "
+                                        "export would replace it: move it away"):
+        claim(out, overwrite=False, resume="auto", resume_from=checkpoint)
+    assert snapshot(out) == before
 
 
 def test_rotation_keeps_a_checkpoint_that_holds_a_file_of_yours(checkpoint, tmp_path, caplog):

@@ -3,6 +3,8 @@ our exports (which also carries the casing token types)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from conftest import tiny_args
@@ -70,3 +72,7 @@ def test_training_starts_from_a_fine_tuned_checkpoint(tiny_bert, tiny_data, tmp_
     args[args.index("--model") + 1] = str(folder)
     assert train_cli.main(args) == 0
     assert (out / "final" / "config.json").is_file()
+    # the export names the checkpoint it started from, for its users and for a rerun
+
+    assert json.loads((out / "final" / "training_args.json").read_text())["model"] == str(folder)
+    assert f"fine-tuned from `{folder}`" in (out / "final" / "README.md").read_text()

@@ -346,9 +346,10 @@ def _usage_section(args: dict) -> str:
         + (" (only tag sequences the scheme allows)" if args.get("decode") == "viterbi" else "")
         + (" and tag CoNLL files with `-DOCSTART-` documents with document context, as in training"
            if args.get("context") == "document" else "") + "." + _casing_note(args) + "\n\n"
-        "With the `ner` tool (words split on spaces, one JSON line per sentence; `--conll` tags a CoNLL file):\n"
-        "```bash\necho \"Angela Merkel visited Paris\" | python -m ner.predict PATH/TO/THIS/FOLDER\n"
-        "python -m ner.predict PATH/TO/THIS/FOLDER sentences.txt\n"
+        "With the `ner` tool (raw text, one JSON line per input line, entities with character offsets; "
+        "`--pretokenized` takes words split on spaces, `--conll` a CoNLL file):\n"
+        "```bash\necho \"Angela Merkel visited Paris.\" | python -m ner.predict PATH/TO/THIS/FOLDER\n"
+        "python -m ner.predict PATH/TO/THIS/FOLDER articles.txt\n"
         "python -m ner.evaluate PATH/TO/THIS/FOLDER test.conll   # per-type report + worst sentences\n```")
 
 

@@ -196,3 +196,20 @@ def test_a_renamed_flag_is_caught(monkeypatch):
     assert parse_only("ner.predict", ["runs/x/final", "--batch-size", "8"], monkeypatch) is None
     assert "unrecognized arguments: --batch-sise" in parse_only("ner.predict", ["runs/x/final", "--batch-sise", "8"],
                                                                monkeypatch)
+
+
+def test_the_model_cards_commands_parse_and_say_what_predict_does(tmp_path, monkeypatch):
+    """The card every export carries is documentation too: its commands parse, and it describes raw-text
+    input as ner.predict reads it (one JSON line per input line, character offsets)."""
+    from ner.export import model_card
+
+    card = tmp_path / "README.md"
+    card.write_text(model_card({"model": "bert-base-cased", "label_list": ["O", "B-PER", "I-PER"],
+                                "tag_scheme": "iob2", "global_step": 3, "casing": "types", "decode": "viterbi"},
+                               {"validation": None}), encoding="utf-8")
+    found = commands(card)
+    assert {argv[0] for _, argv in found} >= {"ner.predict", "ner.evaluate"}
+    for line, argv in found:
+        assert parse_only(argv[0], argv[1:], monkeypatch) is None, (line, argv)
+    text = card.read_text(encoding="utf-8")
+    assert "one JSON line per input line" in text and "split on spaces, one JSON line per sentence" not in text

@@ -268,6 +268,20 @@ def calibration(scored: list[Scored], bins: int = CALIBRATION_BINS) -> dict:
 
 # ----------------------------------------------------------------------------- the whole analysis
 
+def entity_errors(gold_tags: list[list[str]], pred_tags: list[list[str]]) -> dict:
+    """The kinds of error of a whole set (error_kinds over every sentence): what training reports at its end."""
+    gold, predicted = sentence_spans(gold_tags), sentence_spans(pred_tags)
+    return error_kinds([m for g, p in zip(gold, predicted, strict=True) for m in match_entities(g, p)])
+
+
+def format_errors_markdown(errors: dict) -> str:
+    """The kinds-of-error table for a model card."""
+    header = "| type | correct | wrong type | boundary | boundary + type | missed | spurious |\n|---|" + "---:|" * 6
+    rows = [f"| {kind} | " + " | ".join(str(counts[k]) for k in KINDS) + " |"
+            for kind, counts in [*errors["per_type"].items(), (f"**{OVERALL}**", errors[OVERALL])]]
+    return "\n".join([header, *rows])
+
+
 def analyse(gold_tags: list[list[str]], pred_tags: list[list[str]], probs: list[np.ndarray],
             seqeval_scores: dict, target_precision: float | None = None) -> dict:
     """JSON-safe: error kinds, schema scores beside seqeval's, confusion, thresholds, calibration."""

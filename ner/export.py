@@ -31,6 +31,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from ner.analysis import format_errors_markdown
 from ner.checkpoint import read_state, verify
 from ner.data import entity_types
 from ner.errors import UserError, cli
@@ -302,6 +303,15 @@ def _results_section(metrics: dict) -> str:
     for split in ("validation", "test"):
         if metrics.get(split):
             lines.append(f"### {titles[split]}\n{format_table(metrics[split])}")
+    errors = metrics.get("errors") or {}
+    if errors:
+        lines.append("### Kinds of error\nEach gold and predicted entity once: *wrong type* has the right span, "
+                     "*boundary* the right type and an overlapping span, *boundary + type* neither; *missed* gold "
+                     "entities no prediction overlaps, *spurious* predictions that overlap no gold entity "
+                     "(SemEval-2013 / MUC; `python -m ner.evaluate MODEL FILE` shows more).")
+    for split in ("validation", "test"):
+        if split in errors:
+            lines.append(f"{split.capitalize()}:\n\n{format_errors_markdown(errors[split])}")
     if not any(metrics.get(split) for split in titles):
         lines.append("No scores: trained without evaluation (no validation set, or `--no-eval`) "
                      "and without a test set.")

@@ -21,6 +21,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from ner import checkpoint as ckpt
+from ner.analysis import entity_errors, format_errors
 from ner.backends import Backend
 from ner.batching import TokenBudgetBatchSampler
 from ner.config import (
@@ -44,9 +45,9 @@ from ner.errors import UserError
 from ner.export import checkpoint_export_names, export_checkpoint, is_export, unrecorded
 from ner.formats import Splits, load_splits
 from ner.hooks import RunHooks
-from ner.infer import EvalSet, build_eval_set, evaluate, predict_tags
+from ner.infer import EvalSet, build_eval_set, predict_tags
 from ner.loop import TrainState, fit, updates_in_epoch
-from ner.metrics import format_scores
+from ner.metrics import entity_scores, format_scores
 from ner.model import (
     build_model,
     build_optimizer,
@@ -298,17 +299,18 @@ def run(cfg: TrainConfig, backend: Backend) -> dict:
 
 
 def write_validation_predictions(cfg: TrainConfig, backend: Backend, model: torch.nn.Module, data: Prepared,
-                                 hooks: RunHooks) -> None:
-    """word / gold / predicted per line, for the confusion matrix and for people to grep."""
+                                 hooks: RunHooks) -> list[list[str]] | None:
+    """word / gold / predicted per line, for the confusion matrix and for people to grep; the predicted tags."""
     validation = data.eval_sets.get("validation")
     if validation is None or cfg.no_eval:
-        return
+        return None
     predicted = hooks.best_predictions
     if predicted is None:  # the best evaluation happened before a resume: predict with the loaded best model
         predicted = predict_tags(model, validation, backend, data.tokenizer.pad_token_id, data.decoder)
     if backend.is_main_process:
         write_predictions(cfg.output_path / "predictions" / "validation.conll",
                           [e.words for e in validation.examples], [e.tags for e in validation.examples], predicted)
+    return predicted
 
 
 def finish(cfg: TrainConfig, backend: Backend, model: torch.nn.Module, data: Prepared, state: TrainState,
@@ -326,17 +328,25 @@ def finish(cfg: TrainConfig, backend: Backend, model: torch.nn.Module, data: Pre
                "train_loss_last": state.step_losses[-1] if state.step_losses else None,
                "stop_reason": state.stop_reason}
     if "test" in data.eval_sets:
-        scores = evaluate(model, data.eval_sets["test"], backend, data.tokenizer.pad_token_id, data.decoder)
-        metrics["test"] = scores
-        log.info("test: %s", format_scores(scores))
-    write_validation_predictions(cfg, backend, model, data, hooks)
+        test_set = data.eval_sets["test"]
+        predicted = predict_tags(model, test_set, backend, data.tokenizer.pad_token_id, data.decoder)
+        metrics["test"] = entity_scores([e.tags for e in test_set.examples], predicted, data.decoder.scheme)
+        log.info("test: %s", format_scores(metrics["test"]))
+        metrics["errors"] = {"test": entity_errors([e.tags for e in test_set.examples], predicted)}
+    validation_predicted = write_validation_predictions(cfg, backend, model, data, hooks)
+    if validation_predicted is not None:
+        gold = [e.tags for e in data.eval_sets["validation"].examples]
+        metrics["errors"] = {"validation": entity_errors(gold, validation_predicted), **metrics.get("errors", {})}
+    for split, errors in metrics.get("errors", {}).items():
+        log.info("%s, by kind of error:\n%s", split, format_errors(errors))
     if backend.is_main_process:
         # update: on resume final/ holds the export of the run's earlier end, which the new one replaces
         # (claim_output_dir refused anything else there that the new export would replace)
         export_checkpoint(source, cfg.output_path / "final", metrics, update=True)
         log.info("exported %s", cfg.output_path / "final")
         write_plots(cfg.output_path)
-        print(json.dumps({k: (v["f1"] if isinstance(v, dict) else v) for k, v in metrics.items()}))
+        print(json.dumps({k: (v["f1"] if isinstance(v, dict) else v) for k, v in metrics.items()
+                          if k != "errors" and (not isinstance(v, dict) or "f1" in v)}))
         print(next_steps(cfg.output_path / "final", metrics, cfg.test_file), flush=True)
     backend.wait_for_everyone()
     return metrics

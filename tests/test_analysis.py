@@ -221,3 +221,25 @@ def test_evaluate_refuses_bad_flags_in_one_line(random_model, tiny_data, tmp_pat
     assert captured.out == ""
     lines = captured.err.strip().splitlines()
     assert len(lines) == 1 and named in lines[0] and lines[0].startswith("error:")
+
+
+def test_training_reports_the_final_models_kinds_of_error_in_metrics_and_the_card(tiny_bert, tiny_data, tmp_path):
+    """The end of training: validation's and test's kinds of error in metrics.json (and the log) and the model
+    card; correct entities are seqeval's true positives, and every gold entity is counted once."""
+    from conftest import tiny_args
+
+    from ner import train as train_cli
+
+    out = tmp_path / "run"
+    assert train_cli.main(tiny_args(tiny_bert, tiny_data, out, "--max-steps", "6")) == 0
+    metrics = json.loads((out / "final" / "metrics.json").read_text())
+    assert set(metrics["errors"]) == {"validation", "test"}
+    for split in ("validation", "test"):
+        overall, scores = metrics["errors"][split]["overall"], metrics[split]
+        gold_entities = sum(row["support"] for row in scores["per_type"].values())
+        assert overall["correct"] == round(scores["recall"] * gold_entities)
+        assert sum(overall[k] for k in ("correct", "wrong_type", "boundary", "boundary_and_type", "missed")) == \
+            gold_entities
+    card = (out / "final" / "README.md").read_text()
+    assert "### Kinds of error" in card and "| **overall** | " + str(metrics["errors"]["test"]["overall"]["correct"]) \
+        in card

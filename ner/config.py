@@ -22,6 +22,7 @@ import yaml
 
 from ner.data import SAMPLE_DIR
 from ner.decode import DECODERS
+from ner.encode import CASING_SCHEME
 from ner.errors import UserError
 from ner.formats import DATA_FORMATS
 from ner.spans import ALIGNMENTS
@@ -75,12 +76,16 @@ class TrainConfig:
                                   "of every predicted word; 0: max-seq-length / 8")
     document_column: str = _opt("document", "JSONL field / `datasets` column holding each sentence's document id")
     casing: str = _opt(
-        "auto", "give the model each word's case as a token type (none / capital first letter / all capitals); "
-        "auto: types for an encoder that lower-cases its input and takes token types (the packaged MiniLM, "
-        "bert-base-uncased), else none", choices=CASINGS)
+        "auto", "give the model each word's case as a token type (1 no capital / 2 capital first letter / 3 all "
+        "capitals; 0 case unknown, what a plain transformers pipeline passes); auto: types for an encoder that "
+        "lower-cases its input and takes token types (the packaged MiniLM, bert-base-uncased), else none",
+        choices=CASINGS)
     casing_dropout: float = _opt(
-        0.2, "with casing types, the share of training windows shown without case (every type 0), so the model "
-        "also tags text whose case it is not given, as in a plain transformers pipeline")
+        0.2, "with casing types, the share of training windows shown without case (every type 0, unknown), so "
+        "the model also tags text whose case it is not given, as in a plain transformers pipeline")
+    casing_scheme: str | None = _opt(
+        None, "recorded, not an option: which types the case became (encode.CASING_SCHEME), so an export is "
+        "read the way it was trained", recorded=True)
     label_all_subwords: bool = _opt(False, "train on every subword, not only the first of each word")
     min_score: str | None = _opt(
         None, "entities whose score (the mean probability of their tags) is below this are dropped at inference: "
@@ -278,7 +283,7 @@ def resolve_casing(cfg: TrainConfig, lowercases: bool, takes_token_types: bool) 
         log.info("--casing auto: %s (%s %s)", chosen, cfg.model, why)
     elif chosen == "types" and not takes_token_types:
         raise UserError(f"--casing types: {cfg.model} takes no token types (token_type_ids); use --casing none")
-    return dataclasses.replace(cfg, casing=chosen)
+    return dataclasses.replace(cfg, casing=chosen, casing_scheme=CASING_SCHEME if chosen == "types" else None)
 
 
 # Padded tokens per inference forward pass. Every pass of padded width W runs with exactly max_tokens // W rows
@@ -423,6 +428,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", metavar="FILE.yaml", help="hyperparameters in YAML; flags override it",
                         default=None)
     for f in dataclasses.fields(TrainConfig):
+        if f.metadata.get("recorded"):
+            continue
         kind = _FIELD_TYPES[f.name]
         help_text = f.metadata["help"] + f" (default: {f.default})"
         if kind is bool:

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ner.encode import casing_type, model_inputs
+from ner.encode import UNKNOWN_CASE, casing_type, model_inputs
 from ner.errors import UserError
 from ner.files import staged_file
 from ner.infer import ModelSettings
@@ -65,7 +65,9 @@ def write_onnx(model_dir: Path, quantize: str | None = None) -> dict[str, float]
 
     transformers.utils.logging.disable_progress_bar()
     model = AutoModelForTokenClassification.from_pretrained(model_dir).eval()
-    batches = check_batches(AutoTokenizer.from_pretrained(model_dir), ModelSettings.of(model_dir).casing == "types")
+    settings = ModelSettings.of(model_dir)
+    batches = check_batches(AutoTokenizer.from_pretrained(model_dir),
+                            settings.casing_scheme if settings.casing == "types" else None)
     with torch.no_grad():
         references = [model(**{k: torch.from_numpy(v) for k, v in model_inputs(b).items()}).logits.numpy()
                       for b in batches]
@@ -80,13 +82,14 @@ def write_onnx(model_dir: Path, quantize: str | None = None) -> dict[str, float]
     return measured
 
 
-def check_batches(tokenizer, casing: bool) -> list[dict[str, np.ndarray]]:
+def check_batches(tokenizer, casing_scheme: str | None) -> list[dict[str, np.ndarray]]:
     """The traced batch (all CHECK_SENTENCES, padded to the longest), then one batch per CHECK_SHAPES,
-    each with `first_subwords`: True where a word's first subword is (and casing types, with `casing`)."""
+    each with `first_subwords`: True where a word's first subword is (and casing types in `casing_scheme`,
+    the export's, unless None)."""
     rows = [sentence.split() for sentence in CHECK_SENTENCES]
     traced = tokenizer(rows, is_split_into_words=True, padding=True, return_tensors="np",
                        return_token_type_ids=False)
-    batches = [with_first_subwords(traced, rows, casing)]
+    batches = [with_first_subwords(traced, rows, casing_scheme)]
     for picked in CHECK_SHAPES:
         chosen = [rows[i] for i in picked]
         longest = max(len(tokenizer(r, is_split_into_words=True)["input_ids"]) for r in chosen)
@@ -95,24 +98,24 @@ def check_batches(tokenizer, casing: bool) -> list[dict[str, np.ndarray]]:
             width += 1
         encoded = tokenizer(chosen, is_split_into_words=True, padding="max_length", max_length=width,
                             return_tensors="np", return_token_type_ids=False)
-        batches.append(with_first_subwords(encoded, chosen, casing))
+        batches.append(with_first_subwords(encoded, chosen, casing_scheme))
     return batches
 
 
-def with_first_subwords(encoded, rows: list[list[str]], casing: bool) -> dict[str, np.ndarray]:
+def with_first_subwords(encoded, rows: list[list[str]], casing_scheme: str | None) -> dict[str, np.ndarray]:
     first = np.zeros(encoded["input_ids"].shape, dtype=bool)
-    types = np.zeros(encoded["input_ids"].shape, dtype=np.int64)
+    types = np.full(encoded["input_ids"].shape, UNKNOWN_CASE, dtype=np.int64)
     for i, words in enumerate(rows):
         seen = set()
         for j, word in enumerate(encoded.word_ids(i)):
             if word is not None:
-                types[i, j] = casing_type(words[word])
+                types[i, j] = casing_type(words[word], casing_scheme)
             if word is not None and word not in seen:
                 first[i, j] = True
                 seen.add(word)
     batch = {"input_ids": encoded["input_ids"].astype(np.int64),
              "attention_mask": encoded["attention_mask"].astype(np.int64), "first_subwords": first}
-    return {**batch, "token_type_ids": types} if casing else batch
+    return batch if casing_scheme is None else {**batch, "token_type_ids": types}
 
 
 def export_graph(model: torch.nn.Module, inputs: dict[str, np.ndarray], path: Path) -> None:

@@ -37,6 +37,8 @@ from ner.config import (
 from ner.data import Example, scheme_of_labels
 from ner.decode import Decoder
 from ner.encode import (
+    CASING_SCHEMES,
+    LEGACY_CASING_SCHEME,
     Feature,
     collate,
     encode_examples,
@@ -136,6 +138,7 @@ class ModelSettings:
     context: str = "none"  # document | none, as resolved at training
     context_tokens: int = 0
     casing: str = "none"  # types | none, as resolved at training
+    casing_scheme: str = LEGACY_CASING_SCHEME  # recorded since type 0 means "unknown"; absent: an older export
     tag_scheme: str | None = None
     decode: str = "viterbi"
     min_score: str | None = None
@@ -147,7 +150,11 @@ class ModelSettings:
             return cls()
         saved = json.loads(path.read_text(encoding="utf-8"))
         names = [f.name for f in dataclasses.fields(cls)]
-        return cls(**{name: saved[name] for name in names if saved.get(name) is not None})
+        settings = cls(**{name: saved[name] for name in names if saved.get(name) is not None})
+        if settings.casing == "types" and settings.casing_scheme not in CASING_SCHEMES:
+            raise UserError(f"{path}: casing_scheme {settings.casing_scheme!r} is not one this version of ner "
+                            f"knows ({', '.join(CASING_SCHEMES)}); a newer version wrote it")
+        return settings
 
 
 def max_positions(config: dict, tokenizer) -> int | None:
@@ -294,7 +301,8 @@ class Tagger:
         features = encode_examples(examples, self.tokenizer, placeholder, self.max_seq_length,
                                    self.settings.window_stride_words, context=self.uses_context(examples),
                                    context_tokens=self.settings.context_tokens,
-                                   casing=self.settings.casing == "types")
+                                   casing=self.settings.casing == "types",
+                                   casing_scheme=self.settings.casing_scheme)
         rows = min(max_sentences, self.runtime.rows_per_forward or max_sentences)  # int8: one window a forward
         features, batches = fixed_shape_plan(features, self.pad_to_multiple_of, rows, max_tokens)
         word_ids, scores = predict_word_scores(self.runtime, features, batches, self.tokenizer.pad_token_id,

@@ -12,7 +12,7 @@ import torch
 from transformers import AutoConfig, AutoModelForTokenClassification, AutoTokenizer, get_scheduler
 
 from ner.config import DEFAULT_MODEL
-from ner.encode import CASING_TYPES
+from ner.encode import CASING_SCHEMES, CASING_TYPES, LEGACY_CASING_SCHEME
 from ner.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -130,7 +130,7 @@ def build_model(name: str, label_list: list[str], trust_remote_code: bool = Fals
                 attn_implementation: str = "sdpa", casing_types: bool = False) -> torch.nn.Module:
     """Pretrained encoder with a token-classification head for `label_list` (labels live in its config): a
     fresh head, or, from a checkpoint that has one, its rows for the labels of the same name. `casing_types`:
-    room for encode.CASING_TYPES token types (an export that has them keeps them)."""
+    room for encode.CASING_TYPES token types (fit_token_types)."""
     path = resolve_model_path(name)
     id2label = dict(enumerate(label_list))
     label2id = {label: i for i, label in id2label.items()}
@@ -146,8 +146,8 @@ def build_model(name: str, label_list: list[str], trust_remote_code: bool = Fals
         raise model_error(name, "the model", exc) from None
     if headed:
         keep_head_rows(model, load_head(path, trust_remote_code), source.id2label, label_list, name)
-    if casing_types and getattr(model.config, "type_vocab_size", 0) < CASING_TYPES:
-        widen_token_types(model, CASING_TYPES)
+    if casing_types:
+        fit_token_types(model, path)
     return model
 
 
@@ -190,13 +190,46 @@ def keep_head_rows(model: torch.nn.Module, head: torch.nn.Linear, old_id2label: 
              f"; its labels not in the data: {', '.join(dropped)}" if dropped else "")
 
 
+# The legacy row each current casing type starts from, for an export trained in the legacy scheme: lower,
+# capitalised and capitals move up one; unknown starts as legacy 0, which casing dropout gave unknown case there.
+LEGACY_TYPE_ROWS = (0, 0, 1, 2)
+
+
+def fit_token_types(model: torch.nn.Module, path: str) -> None:
+    """Room for the current casing types. A table that has them (an export of ours) is kept; one of our exports
+    in the legacy scheme keeps its learnt rows, moved to their new types; any other table widens from type 0."""
+    rows = getattr(model.config, "type_vocab_size", 0)
+    if rows >= CASING_TYPES:
+        return
+    if rows == CASING_SCHEMES[LEGACY_CASING_SCHEME] and legacy_casing_export(path):
+        copy_token_type_rows(model, LEGACY_TYPE_ROWS)
+    else:
+        widen_token_types(model, CASING_TYPES)
+
+
+def legacy_casing_export(path: str) -> bool:
+    """One of our exports trained with casing types before the scheme was recorded (training_args.json)."""
+    from ner.infer import ModelSettings
+
+    folder = Path(path)
+    if not folder.is_dir():
+        return False
+    settings = ModelSettings.of(folder)
+    return settings.casing == "types" and settings.casing_scheme == LEGACY_CASING_SCHEME
+
+
 def widen_token_types(model: torch.nn.Module, count: int) -> None:
     """`count` token types, each starting as the encoder's type 0, so training begins from the encoder as it
     was (and draws no random numbers: the head's initialisation and dropout masks stay as without casing)."""
+    copy_token_type_rows(model, [0] * count)
+
+
+def copy_token_type_rows(model: torch.nn.Module, sources: list[int] | tuple[int, ...]) -> None:
+    """A new token-type table whose row i is the old table's row `sources[i]`; no random number is drawn."""
     old = model.base_model.embeddings.token_type_embeddings.weight.detach()
     model.base_model.embeddings.token_type_embeddings = torch.nn.Embedding(
-        count, old.shape[1], _weight=old[:1].repeat(count, 1).clone())
-    model.config.type_vocab_size = count
+        len(sources), old.shape[1], _weight=old[list(sources)].clone())
+    model.config.type_vocab_size = len(sources)
 
 
 def lowercases(tokenizer) -> bool:

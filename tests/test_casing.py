@@ -1,5 +1,6 @@
 """Case as token types (--casing): what each word gets, when auto turns it on, that training starts from the
-encoder as it was, and that every inference path passes the types the model was trained with."""
+encoder as it was, that every inference path passes the types the model was trained with, and that exports
+from before type 0 meant "unknown" are still read (and trained from) in their own scheme."""
 
 from __future__ import annotations
 
@@ -12,16 +13,25 @@ from conftest import python_module, run_cli, tiny_args
 
 from ner.config import TrainConfig, resolve_casing
 from ner.data import Example
-from ner.encode import casing_type, collate, encode_examples
+from ner.encode import (
+    CASING_SCHEME,
+    CASING_TYPES,
+    LEGACY_CASING_SCHEME,
+    UNKNOWN_CASE,
+    casing_type,
+    collate,
+    encode_examples,
+)
 from ner.errors import UserError
 from ner.model import build_model, load_tokenizer, lowercases, takes_token_types, widen_token_types
 
 
 @pytest.mark.parametrize("word, expected", [
-    ("paris", 0), ("2-1", 0), (",", 0), ("iPhone", 0), ("Paris", 1), ("A", 1), ("McDonald", 1), ("(Reuters", 1),
-    ("École", 1), ("EU", 2), ("U.S.", 2), ("ÉCOLE", 2), ("NATO-led", 1)])
+    ("paris", 1), ("2-1", 1), (",", 1), ("iPhone", 1), ("Paris", 2), ("A", 2), ("McDonald", 2), ("(Reuters", 2),
+    ("École", 2), ("EU", 3), ("U.S.", 3), ("ÉCOLE", 3), ("NATO-led", 2)])
 def test_casing_type_of_a_word(word, expected):
     assert casing_type(word) == expected
+    assert casing_type(word, LEGACY_CASING_SCHEME) == expected - 1  # exports before "unknown" had a type
 
 
 def test_every_subword_carries_its_words_type_and_specials_carry_none(tiny_bert):
@@ -31,6 +41,7 @@ def test_every_subword_carries_its_words_type_and_specials_carry_none(tiny_bert)
     [feature] = encode_examples([example], tokenizer, {"O": 0}, 32, casing=True)
     pieces = [len(tokenizer(w, add_special_tokens=False)["input_ids"]) for w in words]
     assert feature.token_type_ids == [0] + [t for w, n in zip(words, pieces) for t in [casing_type(w)] * n] + [0]
+    assert UNKNOWN_CASE == 0 and UNKNOWN_CASE not in feature.token_type_ids[1:-1]  # every word's case is known
     assert max(pieces) > 1  # some word is split, so the test covers continuations
     assert "token_type_ids" in collate([feature], 0)
     [plain] = encode_examples([example], tokenizer, {"O": 0}, 32)
@@ -58,11 +69,11 @@ def test_widening_token_types_changes_nothing_for_type_zero_and_draws_no_random_
     inputs = {"input_ids": torch.tensor([[2, 7, 8, 9, 3]]), "attention_mask": torch.ones(1, 5, dtype=torch.long)}
     before = model(**inputs).logits
     rng = torch.get_rng_state()
-    widen_token_types(model, 3)
+    widen_token_types(model, CASING_TYPES)
     assert torch.equal(torch.get_rng_state(), rng)
     table = model.base_model.embeddings.token_type_embeddings.weight
-    assert table.shape[0] == 3 and model.config.type_vocab_size == 3
-    assert all(torch.equal(table[i], table[0]) for i in range(3))  # each new type starts as type 0
+    assert table.shape[0] == CASING_TYPES == 4 and model.config.type_vocab_size == 4
+    assert all(torch.equal(table[i], table[0]) for i in range(4))  # each new type starts as type 0
     assert torch.equal(model(**inputs, token_type_ids=torch.zeros(1, 5, dtype=torch.long)).logits, before)
 
 
@@ -82,8 +93,9 @@ def test_the_export_records_casing_and_inference_passes_the_types(cased_run):
 
     from ner.infer import Tagger
 
-    assert json.loads((cased_run / "training_args.json").read_text())["casing"] == "types"
-    assert json.loads((cased_run / "config.json").read_text())["type_vocab_size"] == 3
+    args = json.loads((cased_run / "training_args.json").read_text())
+    assert args["casing"] == "types" and args["casing_scheme"] == CASING_SCHEME
+    assert json.loads((cased_run / "config.json").read_text())["type_vocab_size"] == 4
     assert AutoModelForTokenClassification.from_pretrained(cased_run) is not None  # still a plain HF model
     examples = [Example("Ada Lovelace visited London with IBM .".split(), ["O"] * 7, "t")]
     tagger = Tagger(cased_run, precision="no")
@@ -107,3 +119,86 @@ def test_casing_dropout_blanks_a_seeded_share_of_windows_and_nothing_else(tiny_b
     assert [f.token_type_ids for f in drop_casing(features, 0.2, seed=7)] == [f.token_type_ids for f in dropped]
     assert drop_casing(features, 0.0, seed=7) == features
     assert any(any(features[i].token_type_ids) for i in blank)  # they had case to lose
+
+
+def test_dropped_windows_get_the_unknown_type_that_a_plain_consumer_passes(tiny_bert):
+    from ner.encode import drop_casing
+
+    tokenizer = load_tokenizer(str(tiny_bert))
+    examples = [Example(["ada", "met", "BOB", "in", "Rome", str(i)], ["O"] * 6, "t") for i in range(50)]
+    features = encode_examples(examples, tokenizer, {"O": 0}, 32, casing=True)
+    dropped = drop_casing(features, 0.5, seed=3)
+    changed = [d for d, f in zip(dropped, features) if d.token_type_ids != f.token_type_ids]
+    assert changed and all(d.token_type_ids == [UNKNOWN_CASE] * len(d.input_ids) for d in changed)
+    plain = tokenizer([e.words for e in examples[:1]], is_split_into_words=True)  # what transformers passes
+    assert set(plain["token_type_ids"][0]) == {UNKNOWN_CASE}
+
+
+def legacy_export(cased_run, folder):
+    """`cased_run` as an export from before the scheme was recorded: 3 types (0 no capital, 1 capital first,
+    2 all capitals), no casing_scheme in training_args.json; its 3 rows differ from each other."""
+    import shutil
+
+    from transformers import AutoModelForTokenClassification
+
+    shutil.copytree(cased_run, folder)
+    args = json.loads((folder / "training_args.json").read_text())
+    del args["casing_scheme"]
+    (folder / "training_args.json").write_text(json.dumps(args))
+    model = AutoModelForTokenClassification.from_pretrained(cased_run)
+    embeddings = model.base_model.embeddings
+    with torch.no_grad():
+        rows = embeddings.token_type_embeddings.weight[1:].clone() + torch.arange(3.0)[:, None]
+    embeddings.token_type_embeddings = torch.nn.Embedding(3, rows.shape[1], _weight=rows)
+    model.config.type_vocab_size = 3
+    model.save_pretrained(folder)
+    return folder, rows
+
+
+def test_an_export_without_a_recorded_scheme_is_encoded_in_the_legacy_one(cased_run, tmp_path, monkeypatch):
+    from ner import infer
+    from ner.infer import ModelSettings, Tagger
+
+    folder, _ = legacy_export(cased_run, tmp_path / "old")
+    assert ModelSettings.of(folder).casing_scheme == LEGACY_CASING_SCHEME
+    assert ModelSettings.of(cased_run).casing_scheme == CASING_SCHEME
+    seen = []
+    encode = infer.encode_examples
+    monkeypatch.setattr(infer, "encode_examples", lambda *a, **k: seen.extend(encode(*a, **k)) or seen)
+    words = "Ada visited London with IBM .".split()
+    tags, _ = Tagger(folder, precision="no").tag([Example(words, ["O"] * 6, "t")])  # type 3 would not fit
+    assert len(tags[0]) == 6
+    [feature] = seen
+    pieces = [len(Tagger(folder).tokenizer(w, add_special_tokens=False)["input_ids"]) for w in words]
+    legacy = [0, 1, 0, 1, 0, 2, 0, 0]  # as before: [CLS] Ada visited London with IBM . [SEP]
+    assert feature.token_type_ids == [legacy[0]] + [t for t, n in zip(legacy[1:-1], pieces) for _ in range(n)] + [0]
+
+
+def test_an_unknown_recorded_scheme_is_refused(cased_run, tmp_path):
+    import shutil
+
+    from ner.infer import ModelSettings
+
+    shutil.copytree(cased_run, tmp_path / "future")
+    args = json.loads((tmp_path / "future" / "training_args.json").read_text())
+    (tmp_path / "future" / "training_args.json").write_text(json.dumps({**args, "casing_scheme": "five-types"}))
+    with pytest.raises(UserError, match="casing_scheme 'five-types' is not one this version"):
+        ModelSettings.of(tmp_path / "future")
+
+
+def test_training_from_a_legacy_export_moves_its_rows_to_their_new_types(cased_run, tmp_path, tiny_data):
+    from ner import train as train_cli
+
+    folder, rows = legacy_export(cased_run, tmp_path / "old")
+    id2label = json.loads((folder / "config.json").read_text())["id2label"]
+    labels = [id2label[str(i)] for i in range(len(id2label))]
+    state = torch.get_rng_state()
+    model = build_model(str(folder), labels, casing_types=True)
+    assert torch.equal(torch.get_rng_state(), state)
+    table = model.base_model.embeddings.token_type_embeddings.weight
+    assert model.config.type_vocab_size == 4  # unknown starts as the old "no capital" row, which dropout used
+    assert [torch.equal(table[new], rows[old]) for new, old in ((0, 0), (1, 0), (2, 1), (3, 2))] == [True] * 4
+    out = tmp_path / "again"
+    assert train_cli.main(tiny_args(folder, tiny_data, out, "--num-epochs", "1")) == 0
+    assert json.loads((out / "final" / "training_args.json").read_text())["casing_scheme"] == CASING_SCHEME
+    assert json.loads((out / "final" / "config.json").read_text())["type_vocab_size"] == 4

@@ -17,6 +17,7 @@ pytest.importorskip("onnxruntime")
 from ner import export_onnx  # noqa: E402
 from ner import runtime as runtimes  # noqa: E402
 from ner.data import Example, read_conll  # noqa: E402
+from ner.encode import CASING_SCHEME, LEGACY_CASING_SCHEME  # noqa: E402
 from ner.evaluate import main as evaluate_main  # noqa: E402
 from ner.export import main as export_main  # noqa: E402
 from ner.infer import Tagger  # noqa: E402
@@ -156,12 +157,15 @@ def test_a_graph_wrong_only_at_another_shape_is_refused(exported, tmp_path, monk
 def test_check_shapes_differ_from_the_traced_batch(exported):
     from transformers import AutoTokenizer
 
-    batches = export_onnx.check_batches(AutoTokenizer.from_pretrained(exported), casing=True)
+    tokenizer = AutoTokenizer.from_pretrained(exported)
+    batches = export_onnx.check_batches(tokenizer, CASING_SCHEME)
     shapes = [b["input_ids"].shape for b in batches]
     types = batches[0]["token_type_ids"]  # the traced batch: casing types at each word's subwords
-    assert types[0, 1] == 1 and types[7, 1] == 2 and types[4, 2] == 0  # Angela, EU, happened; [CLS] is 0
+    assert types[0, 1] == 2 and types[7, 1] == 3 and types[4, 2] == 1  # Angela, EU, happened; [CLS] unknown: 0
     assert types[:, 0].tolist() == [0] * len(types)
-    assert "token_type_ids" not in export_onnx.check_batches(AutoTokenizer.from_pretrained(exported), casing=False)[0]
+    legacy = export_onnx.check_batches(tokenizer, LEGACY_CASING_SCHEME)[0]["token_type_ids"]  # an older export's
+    assert legacy[0, 1] == 1 and legacy[7, 1] == 2 and legacy[4, 2] == 0
+    assert "token_type_ids" not in export_onnx.check_batches(tokenizer, None)[0]
     assert shapes[0][0] == len(export_onnx.CHECK_SENTENCES) and len(set(shapes)) == len(shapes)
     assert len({shape[1] for shape in shapes}) == len(shapes)  # other batch sizes and other widths
     assert not batches[1]["attention_mask"].all()  # padded rows of different lengths

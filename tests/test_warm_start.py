@@ -10,6 +10,7 @@ import torch
 from conftest import tiny_args
 
 from ner import train as train_cli
+from ner.encode import CASING_TYPES
 from ner.model import build_model, head_layer
 
 CHECKPOINT_LABELS = ["O", "B-PER", "I-PER", "B-MISC", "I-MISC"]
@@ -57,7 +58,7 @@ def test_same_labels_in_another_order_keep_the_whole_head(tiny_bert, tmp_path):
 
 
 def test_an_export_keeps_its_casing_token_type_rows(tiny_bert, tmp_path):
-    folder, original = save_token_classifier(tiny_bert, tmp_path / "export", DATA_LABELS, type_rows=3)
+    folder, original = save_token_classifier(tiny_bert, tmp_path / "export", DATA_LABELS, type_rows=CASING_TYPES)
     model = build_model(str(folder), DATA_LABELS, casing_types=True)
     kept = model.base_model.embeddings.token_type_embeddings.weight
     assert torch.equal(kept, original.base_model.embeddings.token_type_embeddings.weight)

@@ -21,7 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from seqeval.metrics.sequence_labeling import get_entities
+
+from ner.decode import get_entities
 
 Span = tuple[str, int, int]  # (type, first word, last word), as seqeval's get_entities
 

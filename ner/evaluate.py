@@ -26,11 +26,11 @@ import textwrap
 from pathlib import Path
 
 from seqeval.metrics import classification_report
-from seqeval.metrics.sequence_labeling import get_entities
 
 from ner.analysis import Match, Span, analyse, format_analysis, match_entities
 from ner.config import add_data_arguments, add_inference_arguments
 from ner.data import Example, check_known_labels
+from ner.decode import get_entities
 from ner.errors import UserError, cli
 from ner.formats import read_examples
 from ner.metrics import entity_scores, seqeval_kwargs

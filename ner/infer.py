@@ -35,7 +35,7 @@ from ner.config import (
     parse_min_score,
 )
 from ner.data import Example, scheme_of_labels
-from ner.decode import Decoder
+from ner.decode import Decoder, get_entities
 from ner.encode import (
     CASING_SCHEMES,
     LEGACY_CASING_SCHEME,
@@ -331,8 +331,6 @@ class Tagger:
 def drop_below(tags: list[str], probs: np.ndarray, min_score: dict[str, float]) -> list[str]:
     """The tags with every entity whose score (the mean probability of its tags, as `entities` reports it) is
     below its type's threshold (else the overall one, key "") turned into O."""
-    from seqeval.metrics.sequence_labeling import get_entities
-
     kept = list(tags)
     for kind, first, last in get_entities(tags):
         threshold = min_score.get(kind, min_score.get("", 0.0))
@@ -350,8 +348,6 @@ def entities(tags: list[str], probs: np.ndarray, words: list[Word], text: str | 
     Words given (no `text`): `words` as `(word, i, i + 1)`, so start/end are word indices, and "text"
     is the entity's words joined by spaces.
     """
-    from seqeval.metrics.sequence_labeling import get_entities
-
     found = []
     for kind, first, last in get_entities(tags):
         start, end = words[first][1], words[last][2]

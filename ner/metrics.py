@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from seqeval.metrics import classification_report
-from seqeval.scheme import IOBES
-
 
 def seqeval_kwargs(scheme: str) -> dict:
     """IOBES is scored strictly: seqeval's default (conlleval) mode misreads E-/S- boundaries."""
+    from seqeval.scheme import IOBES  # seqeval imports scikit-learn (~1.8 s): only where scores are computed
+
     return {"mode": "strict", "scheme": IOBES} if scheme == "iobes" else {}
 
 
@@ -17,6 +16,8 @@ def entity_scores(gold: list[list[str]], predicted: list[list[str]], scheme: str
     IOB1/IOB2 use seqeval's default (conlleval-compatible) mode; IOBES is scored strictly,
     since the default mode does not understand E-/S- boundaries the same way.
     """
+    from seqeval.metrics import classification_report
+
     report = classification_report(gold, predicted, output_dict=True, zero_division=0, **seqeval_kwargs(scheme))
     per_type = {name: _row(row) for name, row in report.items() if not name.endswith(" avg")}
     overall = _row(report.get("micro avg", {"precision": 0.0, "recall": 0.0, "f1-score": 0.0, "support": 0}))

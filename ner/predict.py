@@ -33,7 +33,6 @@ from functools import partial
 from pathlib import Path
 
 import numpy as np
-from seqeval.metrics import classification_report
 from tqdm.auto import tqdm
 
 from ner.config import add_inference_arguments
@@ -164,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     tags, probs = tagger.tag(examples, args.batch_size, args.max_tokens, progress)
     write_output(examples, tags, probs, args.format)
     if args.conll:
+        from seqeval.metrics import classification_report  # imports scikit-learn: only for this report
+
         print(classification_report([e.tags for e in examples], tags, digits=4, zero_division=0), file=sys.stderr)
     return 0
 

@@ -184,3 +184,34 @@ def test_entity_types_of_a_label_list():
 
     assert entity_types(["O", "B-PER", "I-PER", "S-LOC", "E-MISC", "B-ORG-X"]) == ["LOC", "MISC", "ORG-X", "PER"]
     assert entity_types(["O"]) == []
+
+
+LABELS = ["O", "B-PER", "I-PER", "E-PER", "S-PER", "B-LOC", "I-LOC", "E-LOC", "S-LOC", "I-MISC", "B-A-B", "I-A-B",
+          "B", "I", "E", "S", ".", "B-", "I-"]
+
+
+@given(st.lists(st.sampled_from(LABELS), max_size=12))
+@settings(max_examples=400, derandomize=True, deadline=None, database=None)
+def test_entities_are_read_from_tags_exactly_as_seqeval_reads_them(tags):
+    """ner.decode.get_entities (no scikit-learn import) against seqeval's, on any sequence of these labels."""
+    import warnings
+
+    from seqeval.metrics.sequence_labeling import get_entities as seqeval_entities
+
+    from ner.decode import get_entities
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # seqeval warns about the non-NE labels drawn here
+        expected = seqeval_entities(list(tags))
+    assert get_entities(list(tags)) == expected
+
+
+def test_reading_tags_imports_no_scikit_learn():
+    import subprocess
+    import sys
+
+    code = ("import sys; import ner.predict, ner.serve, ner.infer; from ner.decode import get_entities; "
+            "get_entities(['B-PER']); print('sklearn' in sys.modules, 'seqeval.metrics' in sys.modules)")
+    ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.split() == ["False", "False"]

@@ -144,3 +144,14 @@ def test_accelerate_backend_sees_a_skipped_fused_update(fused):
         assert backend.step(optimizer) is True
     finally:
         AcceleratorState._reset_state(True)
+
+
+def test_two_runs_in_one_process_may_ask_for_different_precisions(tiny_bert, tiny_data, tmp_path):
+    """A notebook trains twice: Accelerate's per-process state must not pin the first run's precision."""
+    from conftest import tiny_args
+
+    from ner import train as train_cli
+
+    assert train_cli.main(tiny_args(tiny_bert, tiny_data, tmp_path / "a", "--max-steps", "1", "--no-eval")) == 0
+    assert train_cli.main(tiny_args(tiny_bert, tiny_data, tmp_path / "b", "--max-steps", "1", "--no-eval",
+                                    "--mixed-precision", "bf16")) == 0

@@ -178,3 +178,9 @@ class AccelerateBackend:
 
     def end(self) -> None:
         self.accelerator.end_training()
+        if self.num_processes == 1:
+            # Accelerate keeps its state (precision included) per process; a later run in the same process (a
+            # notebook, tests) may ask for another precision. A multi-process state keeps its process group.
+            from accelerate.state import AcceleratorState
+
+            AcceleratorState._reset_state(reset_partial_state=True)

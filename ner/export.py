@@ -366,9 +366,27 @@ def _usage_section(args: dict) -> str:
 def _casing_note(args: dict) -> str:
     if args.get("casing") != "types":
         return ""
+    from ner.encode import CASING_SCHEME
+
+    if args.get("casing_scheme") != CASING_SCHEME:  # exports trained before "unknown" had a type of its own
+        return (" Its encoder lower-cases text, so it was trained with each word's case as a token type "
+                "(`token_type_ids`: 0 no capital letter, 1 a capital first letter, 2 all capitals). The `ner` tools "
+                "compute these; `pipeline` passes 0 everywhere, as for lower-case text, and finds fewer entities.")
     return (" Its encoder lower-cases text, so it was trained with each word's case as a token type "
-            "(`token_type_ids`: 0 no capital letter, 1 a capital first letter, 2 all capitals). The `ner` tools "
-            "compute these; `pipeline` passes 0 everywhere, as for lower-case text, and finds fewer entities.")
+            "(`token_type_ids`: 1 no capital letter, 2 a capital first letter, 3 all capitals (two letters or "
+            "more); 0 is \"case unknown\", what `pipeline` passes, which the model was also trained on). The `ner` "
+            "tools compute the types; to pass them yourself with plain transformers:\n\n"
+            "```python\nimport torch\nfrom transformers import AutoModelForTokenClassification, AutoTokenizer\n\n"
+            "def case_type(word):\n    letters = [c for c in word if c.isalpha()]\n"
+            "    if not letters or not letters[0].isupper():\n        return 1\n"
+            "    return 3 if len(letters) >= 2 and all(c.isupper() for c in letters) else 2\n\n"
+            "tokenizer = AutoTokenizer.from_pretrained(\"PATH/TO/THIS/FOLDER\")\n"
+            "model = AutoModelForTokenClassification.from_pretrained(\"PATH/TO/THIS/FOLDER\")\n"
+            "words = \"Angela Merkel visited Paris .\".split()\n"
+            "batch = tokenizer(words, is_split_into_words=True, return_tensors=\"pt\")\n"
+            "batch[\"token_type_ids\"] = torch.tensor([[0 if w is None else case_type(words[w]) "
+            "for w in batch.word_ids()]])\n"
+            "tags = [model.config.id2label[i] for i in model(**batch).logits.argmax(-1)[0].tolist()]\n```")
 
 
 @cli

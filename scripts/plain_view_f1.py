@@ -6,7 +6,7 @@ alone, no token_type_ids (so casing type 0 everywhere), each word's first subwor
 
 from __future__ import annotations
 
-import sys
+import argparse
 from pathlib import Path
 
 import torch
@@ -30,14 +30,20 @@ def plain_tags(model, tokenizer, words: list[str]) -> list[str]:
     return tags
 
 
-def main(model_dir: str, conll_file: str) -> None:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model_dir", help="an exported model folder")
+    parser.add_argument("conll_file", help="a CoNLL file with gold tags")
+    args = parser.parse_args(argv)
+    model_dir, conll_file = args.model_dir, args.conll_file
     model = AutoModelForTokenClassification.from_pretrained(model_dir).eval()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     examples = [e for e in read_conll(Path(conll_file)) if e.words]
     predicted = [plain_tags(model, tokenizer, e.words) for e in examples]
     print(f"plain view test F1 {100 * f1_score([e.tags for e in examples], predicted):.2f} "
           f"({len(examples)} sentences, {model_dir})")
+    return 0
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    raise SystemExit(main())

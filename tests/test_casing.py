@@ -202,3 +202,26 @@ def test_training_from_a_legacy_export_moves_its_rows_to_their_new_types(cased_r
     assert train_cli.main(tiny_args(folder, tiny_data, out, "--num-epochs", "1")) == 0
     assert json.loads((out / "final" / "training_args.json").read_text())["casing_scheme"] == CASING_SCHEME
     assert json.loads((out / "final" / "config.json").read_text())["type_vocab_size"] == 4
+
+
+def test_the_model_cards_plain_transformers_lines_pass_the_types_the_tools_pass(cased_run):
+    """The card's snippet for plain transformers users runs on the export, its case_type is ner's casing_type, and
+    the tags it prints are those of the same windows with the types the tools compute (argmax, one sentence)."""
+    import re
+
+    import torch
+    from transformers import AutoModelForTokenClassification, AutoTokenizer
+
+    card = (cased_run / "README.md").read_text(encoding="utf-8")
+    code = re.search(r"```python\n(import torch\n.*?)```", card, re.DOTALL).group(1)
+    namespace: dict = {}
+    exec(code.replace("PATH/TO/THIS/FOLDER", str(cased_run)), namespace)  # noqa: S102 (our own card)
+    for word in ["Angela", "EU", "U.S.", "paris", "2024", ".", "A", "McDonald", "IBM's", "É"]:
+        assert namespace["case_type"](word) == casing_type(word), word
+    words = "Angela Merkel visited Paris .".split()
+    tokenizer = AutoTokenizer.from_pretrained(cased_run)
+    model = AutoModelForTokenClassification.from_pretrained(cased_run)
+    batch = tokenizer(words, is_split_into_words=True, return_tensors="pt")
+    batch["token_type_ids"] = torch.tensor([[0 if w is None else casing_type(words[w]) for w in batch.word_ids()]])
+    expected = model(**batch).logits.argmax(-1)[0].tolist()
+    assert namespace["tags"] == [model.config.id2label[i] for i in expected]

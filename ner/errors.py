@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import sys
 from collections.abc import Callable
@@ -43,3 +44,18 @@ def cli(main: Callable[[list[str] | None], int]) -> Callable[[list[str] | None],
             return report(exc)
 
     return wrapped
+
+
+class _CurrentStderr(logging.StreamHandler):
+    """Writes to sys.stderr as it is when a record comes, not as it was when logging was set up: a notebook or a
+    test that swaps stderr (and closes the old one) must not turn every later log line into a logging error."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.setStream(sys.stderr)
+        super().emit(record)
+
+
+def log_to_stderr(level: int, fmt: str = "%(asctime)s %(levelname)s %(message)s") -> None:
+    """The entry points' one logging setup: replaces the root logger's handlers (a second run in one process sets
+    its own level rather than keeping the first's)."""
+    logging.basicConfig(format=fmt, datefmt="%H:%M:%S", level=level, force=True, handlers=[_CurrentStderr()])

@@ -29,7 +29,7 @@ from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from ner.analysis import NO_ENTITY, OVERALL, confusion_counts  # noqa: F401 (NO_ENTITY: for callers of ner.plot)
 from ner.data import read_predictions
-from ner.errors import UserError, cli
+from ner.errors import UserError, cli, log_to_stderr
 from ner.files import staged_file
 from ner.metrics import best_evaluation
 
@@ -299,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ner.plot", description=__doc__.splitlines()[0])
     parser.add_argument("output_dir", type=Path, help="a training run's --output-dir (holds metrics.jsonl)")
     args = parser.parse_args(argv)
-    logging.basicConfig(format="%(message)s", level=logging.INFO)
+    log_to_stderr(logging.INFO, "%(message)s")
     if args.output_dir.is_dir() and not any((args.output_dir / name).exists() for name in
                                             ("metrics.jsonl", "predictions/validation.conll")):
         raise UserError(f"{args.output_dir}: no metrics.jsonl or predictions/validation.conll "

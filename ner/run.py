@@ -41,7 +41,7 @@ from ner.data import (
 )
 from ner.decode import Decoder
 from ner.encode import cached_encode, collate_tensors, drop_casing, padded_lengths
-from ner.errors import UserError
+from ner.errors import UserError, log_to_stderr
 from ner.export import checkpoint_export_names, export_checkpoint, is_export, unrecorded
 from ner.formats import Splits, load_splits
 from ner.hooks import RunHooks
@@ -73,8 +73,7 @@ PREDICTION_NAME = re.compile(r"validation\.conll|\.validation\.conll\.tmp-\w+\.c
 
 
 def setup_logging(is_main: bool) -> None:
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S", force=True,
-                        level=logging.INFO if is_main else logging.WARNING)
+    log_to_stderr(logging.INFO if is_main else logging.WARNING)
     for noisy in ("transformers", "accelerate", "datasets", "httpx"):
         logging.getLogger(noisy).setLevel(logging.ERROR)
     import transformers

@@ -46,7 +46,7 @@ from pathlib import Path
 
 from ner.batcher import BatcherEvents, BatchLimits, ClientGone, Draining, MicroBatcher, Overloaded, TextFailed, TimedOut
 from ner.config import add_model_arguments
-from ner.errors import UserError, cli
+from ner.errors import UserError, cli, log_to_stderr
 
 log = logging.getLogger("ner.serve")
 MIB = 1024 * 1024
@@ -467,7 +467,7 @@ def app_from_args(args: argparse.Namespace):
 
 
 def configure_logging() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
+    log_to_stderr(logging.INFO)
 
 
 def app_factory():

@@ -256,3 +256,26 @@ def test_resume_with_other_labels_or_hyperparameters_lists_differences(trained, 
     err = capsys.readouterr().err
     assert code == 2 and "cannot resume" in err
     assert "learning_rate: checkpoint 0.003, now 0.5" in err and "labels: checkpoint" in err
+
+
+def test_log_lines_go_to_the_stderr_of_the_moment_not_a_closed_one(monkeypatch):
+    """A notebook or test that swaps sys.stderr (and closes the old one) after a training set logging up: later
+    log lines reach the new stderr, with no '--- Logging error ---' traceback."""
+    import io
+    import logging
+    import sys
+
+    from ner.errors import log_to_stderr
+
+    first = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", first)
+    try:
+        log_to_stderr(logging.INFO)
+        first.close()
+        second = io.StringIO()
+        monkeypatch.setattr(sys, "stderr", second)
+        logging.getLogger("ner").warning("after the swap")
+        assert second.getvalue().strip().endswith("WARNING after the swap")
+    finally:
+        logging.basicConfig(force=True, handlers=[logging.NullHandler()])
+        logging.getLogger().handlers.clear()

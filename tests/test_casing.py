@@ -225,3 +225,28 @@ def test_the_model_cards_plain_transformers_lines_pass_the_types_the_tools_pass(
     batch["token_type_ids"] = torch.tensor([[0 if w is None else casing_type(words[w]) for w in batch.word_ids()]])
     expected = model(**batch).logits.argmax(-1)[0].tolist()
     assert namespace["tags"] == [model.config.id2label[i] for i in expected]
+
+
+def test_a_checkpoint_from_before_the_unknown_type_does_not_resume(cased_run, tiny_bert, tiny_data, tmp_path,
+                                                                   capsys):
+    """Its type rows mean other cases (0 was "no capital"): continuing it in the new scheme would train the rows
+    on the wrong words, so resume refuses and names the setting."""
+    import shutil
+
+    from ner import train as train_cli
+    from ner.checkpoint import MANIFEST, STATE, list_checkpoints
+    from ner.files import sha256_file
+
+    old = tmp_path / "old"
+    shutil.copytree(list_checkpoints(cased_run.parent)[-1], old)
+    state = json.loads((old / STATE).read_text())
+    del state["config"]["casing_scheme"]  # what a checkpoint written before the scheme was recorded holds
+    (old / STATE).write_text(json.dumps(state))
+    manifest = json.loads((old / MANIFEST).read_text())  # sealed as such a checkpoint was
+    manifest["files"][STATE] = {"size": (old / STATE).stat().st_size, "sha256": sha256_file(old / STATE)}
+    (old / MANIFEST).write_text(json.dumps(manifest))
+    code = train_cli.main(tiny_args(tiny_bert, tiny_data, tmp_path / "out", "--num-epochs", "3",
+                                    "--learning-rate", "3e-3", "--resume", str(old)))
+    err = capsys.readouterr().err
+    assert code == 2 and "cannot resume" in err
+    assert f"casing_scheme: checkpoint None, now {CASING_SCHEME!r}" in err

@@ -10,7 +10,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT_DIR:-/tmp/ner_gpu_check}
-rm -rf "$OUT"; mkdir -p "$OUT"
+# Only a folder this script made (it leaves .ner-gpu-check in it) is emptied; anything else is refused.
+if [ -e "$OUT" ] && [ -n "$(ls -A "$OUT")" ]; then
+  [ -f "$OUT/.ner-gpu-check" ] || { echo "error: $OUT is not empty and was not made by this script;" \
+    "choose another OUT_DIR=... or remove it yourself"; exit 2; }
+  rm -rf "$OUT"
+fi
+mkdir -p "$OUT" && touch "$OUT/.ner-gpu-check"
 GPUS=$(python -c "import torch; print(torch.cuda.device_count())")
 echo "GPUs visible: $GPUS ($(python -c 'import torch; print(torch.cuda.get_device_name(0))'))"
 [ "$GPUS" -ge 1 ] || { echo "no GPU: nothing to check"; exit 1; }

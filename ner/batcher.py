@@ -134,6 +134,17 @@ class MicroBatcher:
         self.seconds_per_text = 0.0  # moving averages of the batches' cost: Retry-After and the drain plan
         self.seconds_per_word = 0.0
 
+    @property
+    def predict(self) -> Predict:
+        return self._predict
+
+    @predict.setter
+    def predict(self, predict: Predict) -> None:
+        """Set at start and when retraining swaps the model in: whether it can stop between windows
+        (Tagger.predict's `progress`) is read once here, not at every batch."""
+        self._predict = predict
+        self._stoppable = "progress" in inspect.signature(predict).parameters
+
     def queued_texts(self) -> int:
         """Texts admitted and not yet started (being split into words, or waiting in the queue)."""
         return self.admitted_texts
@@ -157,7 +168,7 @@ class MicroBatcher:
         return await asyncio.get_running_loop().run_in_executor(self.executor, self._call, [text], words)
 
     def _call(self, texts: list[str], words: list[list[Word]]) -> list[dict]:
-        if "progress" in inspect.signature(self.predict).parameters:  # Tagger.predict: stoppable between windows
+        if self._stoppable:
             return self.predict(texts, words=words, progress=self._unless_cut)
         return self.predict(texts, words=words)
 

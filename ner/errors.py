@@ -51,7 +51,7 @@ class _CurrentStderr(logging.StreamHandler):
     test that swaps stderr (and closes the old one) must not turn every later log line into a logging error."""
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.setStream(sys.stderr)
+        self.stream = sys.stderr  # not setStream: it flushes the old stream, which may be closed (emit flushed it)
         super().emit(record)
 
 

@@ -374,8 +374,10 @@ def _casing_note(args: dict) -> str:
                 "compute these; `pipeline` passes 0 everywhere, as for lower-case text, and finds fewer entities.")
     return (" Its encoder lower-cases text, so it was trained with each word's case as a token type "
             "(`token_type_ids`: 1 no capital letter, 2 a capital first letter, 3 all capitals (two letters or "
-            "more); 0 is \"case unknown\", what `pipeline` passes, which the model was also trained on). The `ner` "
-            "tools compute the types; to pass them yourself with plain transformers:\n\n"
+            "more); 0 is \"case unknown\", what `pipeline` passes, which the model saw in a share of its training "
+            "windows (`casing_dropout`) and tags less well: on CoNLL-2003, 79.89 test F1 read that way against "
+            "89.35 with the types, and 82.45 for a model trained with `--casing none`). The `ner` tools compute the "
+            "types; to pass them yourself with plain transformers:\n\n"
             "```python\nimport torch\nfrom transformers import AutoModelForTokenClassification, AutoTokenizer\n\n"
             "def case_type(word):\n    letters = [c for c in word if c.isalpha()]\n"
             "    if not letters or not letters[0].isupper():\n        return 1\n"

@@ -29,6 +29,21 @@ def private_tokenization_cache(tmp_path_factory) -> Path:
         os.environ["NER_CACHE_DIR"] = previous
 
 
+@pytest.fixture(autouse=True)
+def root_logging_as_it_was():
+    """An entry point run in-process (train, serve, plot) sets the root logger up for its process; the next test
+    starts without it, as the next process would, so what a test sees on stderr does not hang on test order.
+    Only handlers the test added go (pytest adds and removes its own capture handlers per phase)."""
+    import logging
+
+    root = logging.getLogger()
+    before, level = list(root.handlers), root.level
+    yield
+    for handler in [h for h in root.handlers if h not in before and not type(h).__module__.startswith("_pytest")]:
+        root.removeHandler(handler)
+    root.setLevel(level)
+
+
 def pytest_collection_modifyitems(config, items):
     """`gpu` tests need CUDA: skipped, with the reason shown, where there is none."""
     import torch

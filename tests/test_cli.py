@@ -268,14 +268,10 @@ def test_log_lines_go_to_the_stderr_of_the_moment_not_a_closed_one(monkeypatch, 
 
     streams = [open(tmp_path / f"stderr{i}.txt", "w", encoding="utf-8") for i in range(3)]  # noqa: SIM115
     monkeypatch.setattr(sys, "stderr", streams[0])
-    try:
-        log_to_stderr(logging.INFO)
-        for previous, current in zip(streams, streams[1:]):
-            previous.close()  # a real file raises on any use once closed (io.StringIO does not on flush)
-            monkeypatch.setattr(sys, "stderr", current)
-            logging.getLogger("ner").warning("after the swap")
-        streams[-1].close()
-        assert [(tmp_path / f"stderr{i}.txt").read_text().count("WARNING after the swap") for i in range(3)] \
-            == [0, 1, 1]
-    finally:
-        logging.getLogger().handlers.clear()
+    log_to_stderr(logging.INFO)  # conftest's root_logging_as_it_was removes it after the test
+    for previous, current in zip(streams, streams[1:]):
+        previous.close()  # a real file raises on any use once closed (io.StringIO does not on flush)
+        monkeypatch.setattr(sys, "stderr", current)
+        logging.getLogger("ner").warning("after the swap")
+    streams[-1].close()
+    assert [(tmp_path / f"stderr{i}.txt").read_text().count("WARNING after the swap") for i in range(3)] == [0, 1, 1]

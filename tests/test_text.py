@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 import unicodedata
 
@@ -225,21 +226,100 @@ def test_splitter_reproduces_conll_test_tokens():
     assert stats["whitespace_punct"]["tokens_reproduced"] < 0.95  # the baseline really is worse
 
 
-@pytest.mark.parametrize("unit", ["+.", "x@", "x.-@", "a.", "www.,", "1.", "a'", "http://"])
-def test_adversarial_text_costs_what_its_length_costs(unit):
-    """No rule rescans the rest of the text at each start (the e-mail rule did: "+." * 50,000 took 20 s, 350x
-    prose of that length). Compared with punctuation of the same length in the same run, best of 3, with a wide
-    margin: linear splitting is within 2x of it, the quadratic rule was 40x at this length."""
-    import time
+# A rule that scans an unbounded run and may then fail costs the run's length at every position it can start
+# from: quadratic ("+." * 50,000 took 20 s in the e-mail rule once). Each such scan must start only where its run
+# starts: right after a lookbehind that refuses the run's characters, or after a character the run cannot hold.
+# Timing is left to benchmarks/text_split.py (docs/raw_text.md); these checks read the patterns' structure.
+SCANS_THAT_FAIL_ONLY_ONCE_PER_RUN = {
+    "http://example.com": "the URL rule: its scan fails only over trailing punctuation, which cannot hold the "
+                          "'http' or 'www.' that starts another attempt, so each character is scanned once",
+}
 
-    def seconds(text: str) -> float:
-        times = []
-        for _ in range(3):
-            start = time.perf_counter()
-            split_words(text)
-            times.append(time.perf_counter() - start)
-        return min(times)
 
-    length = 60_000
-    adversarial = (unit * (length // len(unit) + 1))[:length]
-    assert seconds(adversarial) < 8 * seconds("+ " * (length // 2))
+def _regex_internals():
+    try:
+        from re import _compiler, _constants, _parser  # Python 3.11 and later
+    except ImportError:  # Python 3.10
+        import sre_compile as _compiler
+        import sre_constants as _constants
+        import sre_parse as _parser
+    return _compiler, _constants, _parser
+
+
+SAMPLE_CHARS = [chr(c) for c in [*range(0x3000), *range(0x1F1E6, 0x1F200), *range(0x1F300, 0x1F400)]]
+
+
+def unguarded_failing_scans(pattern: re.Pattern) -> list[str]:
+    """Each unbounded repeat of one character class that something mandatory follows (so it can fail after the
+    scan), and that is not right after a lookbehind refusing its characters or a character outside them."""
+    _compiler, c, _parser = _regex_internals()
+    parsed = _parser.parse(pattern.pattern, pattern.flags)
+    one_char = (c.IN, c.LITERAL, c.NOT_LITERAL, c.ANY, c.CATEGORY)
+
+    def chars(item) -> set[str]:
+        matcher = _compiler.compile(_parser.SubPattern(parsed.state, [item]), pattern.flags)
+        return {ch for ch in SAMPLE_CHARS if matcher.fullmatch(ch)}
+
+    def guarded(before: list, run: set[str]) -> bool:
+        """`before`: the items before the scan, nearest first. Single characters the run could hold are passed
+        over (the scan starts at a fixed offset from them) until a guard decides: a lookbehind refusing the run's
+        characters, or one character the run cannot hold."""
+        for op, av in before:
+            if op == c.ASSERT_NOT and av[0] == -1:  # (?<![...]): no attempt starts inside a run
+                return len(av[1].data) == 1 and run <= chars(av[1].data[0])
+            if op not in one_char:
+                return False
+            if not run & chars((op, av)):
+                return True
+        return False
+
+    problems: list[str] = []
+
+    def walk(items: list, before: list, after_min: int) -> None:
+        for i, (op, av) in enumerate(items):
+            prev = items[:i][::-1] + before
+            follows = _parser.SubPattern(parsed.state, items[i + 1:]).getwidth()[0] + after_min
+            if op in (c.MAX_REPEAT, c.MIN_REPEAT, getattr(c, "POSSESSIVE_REPEAT", None)) and av[1] == c.MAXREPEAT:
+                body = list(av[2].data)
+                if len(body) == 1 and body[0][0] in one_char:
+                    if follows and not guarded(prev, chars(body[0])):
+                        problems.append(f"{pattern.pattern!r}: a scan of {body[0]} can fail after it")
+                else:
+                    walk(body, [], follows)  # a repeated group: its scans can start after any iteration
+            elif op == c.SUBPATTERN:
+                walk(list(av[-1].data), prev, follows)
+            elif op == c.BRANCH:
+                for branch in av[1]:
+                    walk(list(branch.data), prev, follows)
+            elif op in (c.ASSERT, c.ASSERT_NOT) and av[0] == 1:  # a lookahead scans from where it stands
+                walk(list(av[1].data), prev, 0)
+
+    items = list(parsed.data)
+    branches = [list(b.data) for b in items[0][1][1]] if len(items) == 1 and items[0][0] == c.BRANCH else [items]
+    for branch in branches:
+        matcher = _compiler.compile(_parser.SubPattern(parsed.state, branch), pattern.flags)
+        if not any(matcher.fullmatch(sample) for sample in SCANS_THAT_FAIL_ONLY_ONCE_PER_RUN):
+            walk(branch, [], 0)
+    return problems
+
+
+def test_no_splitting_rule_rescans_a_run_from_every_position():
+    import ner.text
+
+    patterns = [v for v in vars(ner.text).values() if isinstance(v, re.Pattern)]
+    assert ner.text.CONLL_PATTERN in patterns and len(patterns) >= 4
+    assert [p for pattern in patterns for p in unguarded_failing_scans(pattern)] == []
+
+
+@pytest.mark.parametrize("rule", [
+    r"[\w.+-]+@\w+",                # the e-mail rule as it was: every position of "+.+.+." starts a scan
+    r"(?=\s+\w)",                    # a lookahead from anywhere in a run of spaces
+    r"\w+(?:[-'’&]\w+)*x",           # a word rule that needs a mark after it
+])
+def test_the_structure_check_finds_a_scan_that_can_fail_from_anywhere(rule):
+    assert unguarded_failing_scans(re.compile(rule)) != []
+
+
+@pytest.mark.parametrize("rule", [r"(?<![\w.+-])[\w.+-]+@\w+", r"\.(?=\s+\w)", r"\w+(?:[-'’&]\w+)*"])
+def test_the_structure_check_passes_a_guarded_scan_or_one_that_cannot_fail(rule):
+    assert unguarded_failing_scans(re.compile(rule)) == []

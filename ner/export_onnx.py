@@ -27,7 +27,7 @@ from ner.encode import UNKNOWN_CASE, casing_type, model_inputs
 from ner.errors import UserError
 from ner.files import staged_file
 from ner.infer import ModelSettings
-from ner.runtime import ONNX_FILES, onnx_session
+from ner.runtime import ACTIVATION_SCALES, ONNX_FILES, onnx_session
 
 MAX_LOGIT_DIFF = 1e-3
 # int8 noise flips words whose two best tags are close, and entity words are where that happens, so they
@@ -131,9 +131,10 @@ def export_graph(model: torch.nn.Module, inputs: dict[str, np.ndarray], path: Pa
 
 
 def quantize_int8(source: Path, target: Path) -> None:
-    """Dynamic int8 weights; per channel measured closer to fp32 than per tensor. Activation scales are computed
-    per forward over the whole input, so the runtime runs one window per forward (runtime.ROWS_PER_FORWARD);
+    """Dynamic int8 weights (per channel: measured closer to fp32 than per tensor), with every activation
+    quantized row by row (rows_own_scales), so a window's numbers never depend on the windows batched with it;
     static scales calibrated on training text were measured and lost accuracy and speed (docs/performance.md)."""
+    import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     root = logging.getLogger()
@@ -143,6 +144,108 @@ def quantize_int8(source: Path, target: Path) -> None:
         quantize_dynamic(str(source), str(target), weight_type=QuantType.QInt8, per_channel=True)
     finally:
         root.setLevel(level)
+    graph = onnx.load(str(target))
+    rows_own_scales(graph)
+    key, per_row = ACTIVATION_SCALES
+    graph.metadata_props.add(key=key, value=per_row)  # the runtime batches this file (runtime.forward_rows_limit)
+    onnx.save(graph, str(target))
+
+
+ROW_CONSTANTS = {"row_q_inv127": (1 / 127, "float32"), "row_q_tiny": (1e-30, "float32"),
+                 "row_q_one": (1.0, "float32"), "row_q_zero_point": (128, "uint8")}
+
+
+def rows_own_scales(model) -> int:
+    """Replaces each DynamicQuantizeLinear (one scale and zero point for the whole tensor: every row of a
+    batch, padding included) with a quantization per row, that is per token (row_quantization), so a row is
+    quantized the same way in any batch; its row scales multiply the MatMul's output (row_scaled_outputs).
+    Returns how many were replaced."""
+    import onnx
+    from onnx import numpy_helper
+
+    if next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")) >= 18:
+        raise ValueError("rows_own_scales writes ReduceMax with an axes attribute: opset 17 or older")
+    graph, nodes, row_scales = model.graph, [], {}
+    graph.initializer.extend(numpy_helper.from_array(np.array(value, dtype=dtype), name)
+                             for name, (value, dtype) in ROW_CONSTANTS.items())
+    for node in graph.node:
+        if node.op_type == "DynamicQuantizeLinear":
+            nodes += row_quantization(node.input[0], *node.output)
+            row_scales[node.output[0]] = node.output[1]
+        else:
+            nodes.append(node)
+    del graph.node[:]
+    graph.node.extend(row_scaled_outputs(nodes, row_scales))
+    if not any(o.domain == "com.microsoft" for o in model.opset_import):
+        model.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))  # MatMulIntegerToFloat's
+    return len(row_scales)
+
+
+def row_quantization(x: str, quantized: str, scale: str, zero_point: str) -> list:
+    """Scale max|row| / 127 (kept apart from the weight scale, see row_scaled_outputs), zero point 128: uint8
+    around 128, not int8 around 0, since onnxruntime's fast integer kernels are unsigned-by-signed and
+    MatMulInteger takes the activation's zero point as a scalar."""
+    from onnx import helper
+
+    p = f"{quantized}_row"
+    return [helper.make_node("ReduceMax", [x], [p + "_max"], axes=[-1], keepdims=1),
+            helper.make_node("ReduceMin", [x], [p + "_min"], axes=[-1], keepdims=1),
+            helper.make_node("Neg", [p + "_min"], [p + "_neg_min"]),
+            helper.make_node("Max", [p + "_max", p + "_neg_min"], [p + "_abs_max"]),
+            helper.make_node("Mul", [p + "_abs_max", "row_q_inv127"], [p + "_scale"]),
+            helper.make_node("Max", [p + "_scale", "row_q_tiny"], [scale]),  # an all-zero row
+            helper.make_node("Reciprocal", [scale], [p + "_inverse"]),
+            helper.make_node("Mul", [x, p + "_inverse"], [p + "_scaled"]),
+            # round half to even, + 128, saturate, to uint8: one kernel
+            helper.make_node("QuantizeLinear", [p + "_scaled", "row_q_one", "row_q_zero_point"], [quantized]),
+            helper.make_node("Identity", ["row_q_zero_point"], [zero_point])]
+
+
+def row_scaled_outputs(nodes: list, row_scales: dict[str, str]) -> list:
+    """quantize_dynamic writes MatMulInteger -> Cast -> Mul by (activation scale x weight scale). With a row
+    scale that chain becomes onnxruntime's MatMulIntegerToFloat with the weight scale alone, then a Mul by the row
+    scale. Left as it was, onnxruntime fuses the chain into MatMulIntegerToFloat itself, which reads a non-scalar
+    activation scale wrongly (measured: 6x the logit error of per-tensor int8 against fp32). `row_scales`: the
+    row scale of each row-quantized activation, by the quantized tensor's name."""
+    from onnx import helper
+
+    made_by = {output: node for node in nodes for output in node.output}
+    used_by = {}
+    for node in nodes:
+        for name in node.input:
+            used_by.setdefault(name, []).append(node)
+    replaced, out = {}, []
+    for node in nodes:
+        if node.op_type != "MatMulInteger" or node.input[0] not in row_scales:
+            continue
+        row_scale = row_scales[node.input[0]]
+        cast, scale_mul, product = scale_chain(node, row_scale, used_by, made_by)
+        weight_scale = next(i for i in product.input if i != row_scale)
+        result = scale_mul.output[0]
+        replaced[id(node)] = [
+            helper.make_node("MatMulIntegerToFloat", [node.input[0], node.input[1], "row_q_one", weight_scale,
+                                                      node.input[2], node.input[3]], [result + "_columns"],
+                             domain="com.microsoft"),
+            helper.make_node("Mul", [result + "_columns", row_scale], [result])]
+        replaced.update({id(cast): [], id(scale_mul): [], id(product): []})
+    for node in nodes:
+        out += replaced.get(id(node), [node])
+    return out
+
+
+def scale_chain(matmul, row_scale: str, used_by: dict, made_by: dict) -> tuple:
+    """(Cast, Mul by the scale product, the scale product's Mul) after `matmul`, as quantize_dynamic writes them;
+    anything else is refused, since left alone it would be fused with the row scale read wrongly."""
+    cast = used_by.get(matmul.output[0], [None])
+    scale_mul = used_by.get(cast[0].output[0], [None]) if len(cast) == 1 and cast[0].op_type == "Cast" else [None]
+    product = None
+    if len(scale_mul) == 1 and scale_mul[0] is not None and scale_mul[0].op_type == "Mul":
+        other = [i for i in scale_mul[0].input if i != cast[0].output[0]]
+        product = made_by.get(other[0]) if len(other) == 1 else None
+    if product is None or product.op_type != "Mul" or row_scale not in product.input:
+        raise UserError(f"int8: {matmul.name or matmul.output[0]} is not followed by the Cast and scale Mul that "
+                        "per-row quantization rewrites; nothing written; export without --quantize")
+    return cast[0], scale_mul[0], product
 
 
 def run_session(path: Path, inputs: dict[str, np.ndarray]) -> np.ndarray:

@@ -49,7 +49,7 @@ from ner.encode import (
 from ner.errors import UserError
 from ner.files import sha256_file
 from ner.metrics import entity_scores
-from ner.runtime import ROWS_PER_FORWARD, OnnxRuntime, TorchRuntime, onnx_device_type, onnx_path
+from ner.runtime import OnnxRuntime, TorchRuntime, onnx_device_type, onnx_path
 from ner.text import Word, split_words
 
 if TYPE_CHECKING:
@@ -263,8 +263,7 @@ class Tagger:
         """Sets `device` and `precision` too: for ONNX, the device type as a string and "no" (no autocast)."""
         if self.runtime_name != "torch":  # the ONNX file alone: the PyTorch weights (and torch) are never loaded
             self.device, self.precision = onnx_device_type(device), "no"
-            return OnnxRuntime(onnx_path(model_dir, self.runtime_name), num_labels, self.device,
-                               rows_per_forward=ROWS_PER_FORWARD.get(self.runtime_name))
+            return OnnxRuntime(onnx_path(model_dir, self.runtime_name), num_labels, self.device)
         import torch
         from transformers import AutoModelForTokenClassification
 
@@ -303,7 +302,7 @@ class Tagger:
                                    context_tokens=self.settings.context_tokens,
                                    casing=self.settings.casing == "types",
                                    casing_scheme=self.settings.casing_scheme)
-        rows = min(max_sentences, self.runtime.rows_per_forward or max_sentences)  # int8: one window a forward
+        rows = min(max_sentences, self.runtime.rows_per_forward or max_sentences)  # an old int8 file: one a forward
         features, batches = fixed_shape_plan(features, self.pad_to_multiple_of, rows, max_tokens)
         word_ids, scores = predict_word_scores(self.runtime, features, batches, self.tokenizer.pad_token_id,
                                                progress, self.pad_to_multiple_of)

@@ -7,9 +7,10 @@ A runtime is called as `runtime(input_ids, attention_mask) -> logits` on one pad
 (int64, rows x width) and numpy out (float32, rows x width x labels); windows, document context, merging
 and decoding stay in ner/infer.py, so every runtime tags the same way. The ONNX runtimes never import
 torch (nor does the rest of the path they take), so a deployment needs neither torch nor its start-up.
-`rows_per_forward`: how many windows one forward may hold (None: as many as the batch plan gives); the
-int8 runtime runs one window per forward, since dynamic quantization scales each activation by its
-whole tensor's range, and a window's numbers would otherwise depend on its neighbours and the padding.
+`rows_per_forward`: how many windows one forward may hold (None: as many as the batch plan gives). An int8
+file quantizes each activation row by row (ner/export_onnx.py: rows_own_scales), so it batches like fp32; an
+int8 file written before that scales each activation by its whole tensor's range, so a window's numbers
+would depend on its neighbours and the padding: it runs one window per forward (and says to re-export).
 """
 
 from __future__ import annotations
@@ -57,13 +58,14 @@ class TorchRuntime:
 
 class OnnxRuntime:
     """An onnxruntime session over model.onnx or model.int8.onnx, on the CUDA provider where `device_type`
-    is "cuda" and onnxruntime has that provider, else on the CPU. int8: one window per forward (see above)."""
+    is "cuda" and onnxruntime has that provider, else on the CPU. An int8 file of before per-row scales: one
+    window per forward (see above)."""
 
-    def __init__(self, path: Path, num_labels: int, device_type: str = "cpu", rows_per_forward: int | None = None):
+    def __init__(self, path: Path, num_labels: int, device_type: str = "cpu"):
         self.session = onnx_session(path, device_type)
         self.num_labels = num_labels
         self.device_type = onnx_runs_on(device_type)  # what runs the passes: picks the default batch budget
-        self.rows_per_forward = rows_per_forward
+        self.rows_per_forward = forward_rows_limit(path, self.session.get_modelmeta().custom_metadata_map)
 
     def __call__(self, input_ids: np.ndarray, attention_mask: np.ndarray,
                  token_type_ids: np.ndarray | None = None) -> np.ndarray:
@@ -79,9 +81,20 @@ def onnx_path(model_dir: Path, runtime: str) -> Path:
     return path
 
 
-# Windows per forward by runtime (absent: as many as the batch plan gives): dynamic int8 quantization scales each
-# activation by its whole tensor's range, padding and neighbours included (docs/performance.md)
-ROWS_PER_FORWARD = {"onnx-int8": 1}
+# The int8 file's metadata key and value that say its activations are quantized row by row (ner/export_onnx.py)
+ACTIVATION_SCALES = ("ner.int8_activation_scales", "per-row")
+
+
+def forward_rows_limit(path: Path, metadata: dict[str, str]) -> int | None:
+    """None (batch freely) unless `path` is an int8 file without per-row activation scales: then 1, since its
+    scales are taken over the whole batch tensor, and the user is told how to get the batched file."""
+    key, per_row = ACTIVATION_SCALES
+    if path.name != ONNX_FILES["onnx-int8"] or metadata.get(key) == per_row:
+        return None
+    log.warning("%s: written by an older ner.export with one activation scale per batch; it runs one window "
+                "per forward so that answers do not depend on the batch (slower). Re-export for per-row scales: "
+                "%s", path, EXPORT_COMMAND)
+    return 1
 
 
 def onnx_device_type(device: str | None) -> str:

@@ -101,6 +101,33 @@ def test_exports_to_onnx_past_its_parity_check(trained, tmp_path):
             (e["start"], e["end"], e["type"]) for e in theirs["entities"]], name
 
 
+def test_int8_rewrite_gives_each_row_its_own_scales(trained, tmp_path):
+    """quantize_int8 (per-row activation scales) takes every family's graph, and a row's int8 logits are the same
+    bytes alone and batched with other rows. Straight from the quantizer: the export's accuracy gate needs a
+    trained model, and 6 updates of a random tiny one leave too many near-ties for it to mean anything."""
+    pytest.importorskip("onnxruntime")
+    import numpy as np
+
+    from ner.export import main as export_main
+    from ner.export_onnx import quantize_int8
+    from ner.runtime import onnx_session
+
+    name, _, out = trained
+    assert export_main([str(out / "final"), str(tmp_path / "onnx"), "--onnx"]) == 0, name
+    quantize_int8(tmp_path / "onnx" / "model.onnx", tmp_path / "int8.onnx")
+    session = onnx_session(tmp_path / "int8.onnx")
+    rng = np.random.default_rng(0)
+    ids = rng.integers(5, 60, size=(4, 12)).astype(np.int64)
+    mask = np.ones_like(ids)
+    mask[1, 9:] = 0
+    inputs = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+    feed = {i.name: inputs[i.name] for i in session.get_inputs()}
+    batched = session.run(["logits"], feed)[0]
+    for row in range(4):
+        alone = session.run(["logits"], {k: v[row:row + 1] for k, v in feed.items()})[0]
+        assert alone.tobytes() == batched[row:row + 1].tobytes(), (name, row)
+
+
 def test_serves_tags_a_corpus_and_answers_label_studio(trained, tmp_path):
     pytest.importorskip("fastapi")
     from fastapi.testclient import TestClient

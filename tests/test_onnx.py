@@ -297,16 +297,70 @@ def test_onnx_runtimes_tag_and_serve_without_torch(runtime, exported, tiny_data,
     assert importable["torch_imported"] is False
 
 
+class ShapeLog:
+    """A runtime that records the (rows, width) of every forward it runs."""
+
+    def __init__(self, runtime):
+        self.runtime, self.shapes = runtime, []
+        self.num_labels, self.device_type = runtime.num_labels, runtime.device_type
+        self.rows_per_forward = runtime.rows_per_forward
+
+    def __call__(self, input_ids, attention_mask, token_type_ids=None):
+        self.shapes.append(input_ids.shape)
+        return self.runtime(input_ids, attention_mask, token_type_ids)
+
+
+def same_width_neighbours(tagger, text: str) -> list[str]:
+    """Texts of exactly `text`'s subword count with other words in them (numbers, capitals, rare words), so the
+    fixed-shape plan puts them into `text`'s forward."""
+    words = text.split()
+    width = len(tagger.tokenizer(words, is_split_into_words=True)["input_ids"])
+    fillers = ["1997", "GLOBEX", "zzyzx", "Berlin", "%", "Qatar", "999,999", "the", "Umbrella"]
+    candidates = [" ".join(words[:i] + [f] + words[i + 1:]) for i in range(len(words)) for f in fillers]
+    return [c for c in candidates if len(tagger.tokenizer(c.split(), is_split_into_words=True)["input_ids"]) == width]
+
+
 def test_int8_answer_does_not_depend_on_its_batch_neighbours(exported):
-    """Dynamic int8 scales each activation by its whole tensor's range: one window per forward keeps a text's
-    numbers its own. Byte for byte: entities with scores, and the tag probabilities themselves."""
+    """int8 quantizes each activation row by row, so a text batched into one forward with other texts gets the
+    numbers it gets alone. Byte for byte: entities with scores, and the tag probabilities themselves."""
     tagger = Tagger(exported, runtime="onnx-int8")
+    assert tagger.runtime.rows_per_forward is None  # batched: the independence comes from the per-row scales
+    tagger.runtime = ShapeLog(tagger.runtime)
     text = "Shares of Globex rose in Paris after Alan Turing spoke ."
-    neighbours = ["Nothing .", "Ada Lovelace , Grace Hopper and Niels Bohr visited Lisbon , Cairo , Berlin and "
-                  "New York on Monday while Umbrella Group hired Emmy Noether in London ."]
+    neighbours = same_width_neighbours(tagger, text)[:6]
+    assert len(neighbours) >= 4
     alone = tagger.predict([text])[0]
-    assert alone["entities"] and tagger.predict([neighbours[0], text, neighbours[1]])[1] == alone
-    words = [Example(t.split(), ["O"] * len(t.split()), "t") for t in [neighbours[1], text, neighbours[0]]]
-    _, probs_alone = tagger.tag(words[1:2])
+    among = tagger.predict(neighbours[:3] + [text] + neighbours[3:])[3]
+    assert max(rows for rows, _ in tagger.runtime.shapes[1:]) >= len(neighbours) + 1  # one forward held them all
+    assert alone["entities"] and among == alone
+    words = [Example(t.split(), ["O"] * len(t.split()), "t") for t in neighbours + [text]]
+    _, probs_alone = tagger.tag(words[-1:])
     _, probs_among = tagger.tag(words)
-    assert probs_among[1].tobytes() == probs_alone[0].tobytes()
+    assert probs_among[-1].tobytes() == probs_alone[0].tobytes()
+
+
+def test_int8_file_of_per_tensor_scales_runs_one_window_a_forward(exported, tmp_path, caplog):
+    """An int8 file written before per-row scales (no metadata saying so) is not batched, and the log says how
+    to get one that is."""
+    import onnx
+
+    old = tmp_path / "model.int8.onnx"
+    graph = onnx.load(str(exported / "model.int8.onnx"))
+    del graph.metadata_props[:]
+    onnx.save(graph, str(old))
+    with caplog.at_level("WARNING"):
+        assert runtimes.OnnxRuntime(old, 3).rows_per_forward == 1
+    assert "Re-export" in caplog.text and runtimes.EXPORT_COMMAND in caplog.text
+    assert runtimes.OnnxRuntime(exported / "model.int8.onnx", 3).rows_per_forward is None
+
+
+def test_int8_graph_keeps_no_per_tensor_activation_scale(exported):
+    """Every DynamicQuantizeLinear (a scale over the whole batch tensor) is gone, and every integer MatMul reads a
+    row-quantized activation with the weight scale alone, its row scale applied after it."""
+    import onnx
+
+    graph = onnx.load(str(exported / "model.int8.onnx")).graph
+    ops = [node.op_type for node in graph.node]
+    assert "DynamicQuantizeLinear" not in ops and "MatMulInteger" not in ops
+    assert ops.count("MatMulIntegerToFloat") >= 6 and ops.count("QuantizeLinear") >= 3
+    assert all(node.input[2] == "row_q_one" for node in graph.node if node.op_type == "MatMulIntegerToFloat")

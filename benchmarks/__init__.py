@@ -10,8 +10,9 @@
     python -m benchmarks.startup MODEL_DIR --runs 3                          # start-up and peak RSS per runtime
     python -m benchmarks.batch_independence MODEL_DIR ../shared/data/conll2003/train.txt  # fixed-shape plans
     python -m benchmarks.text_split --chars 100000                          # adversarial text vs prose
+    python -m benchmarks.corpus_scaling MODEL_DIR ../shared/data/conll2003/train.txt --out scal/  # processes x threads
 
 Libraries (no entry point): `measure` (process time and memory, FLOPs, MFU, the matmul peak) and
 `report` (bench.json / bench.md of training_speed). Results: docs/performance.md, docs/context.md,
-docs/raw_text.md.
+docs/raw_text.md, docs/corpus.md.
 """

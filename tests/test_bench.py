@@ -260,7 +260,7 @@ def test_the_bench_replaces_only_folders_it_made(tmp_path):
 
 
 ENTRY_POINTS = ("training_speed", "baseline", "eval_speed", "inference", "shapes", "seeds", "startup",
-                "batch_independence", "text_split")
+                "batch_independence", "text_split", "corpus_scaling")
 
 
 @pytest.mark.parametrize("name", ENTRY_POINTS)

@@ -10,8 +10,10 @@ them in its own process (run_measured: peak RSS), after a warm-up on the first 3
 same folder, and Tagger.predict (ner's one inference path: windows, context, Viterbi) with
 `--runtime torch` (bf16 autocast where the CPU supports it, as ner.predict), `onnx` and `onnx-int8`.
 "whole process" divides by the process's wall time: imports, model loading, warm-up and tagging.
-F1: exact character spans against the gold
-entities. Results: docs/performance.md.
+F1: exact character spans against the gold entities. MFU: forward FLOPs of the texts (each text's subword
+count from the export's tokenizer; measure.inference_flops) per second of tagging, against the matmul peak of
+the row's precision measured in the same run after the rows (fp32 and bf16: torch, measure_peak_flops; int8:
+onnxruntime's MatMulIntegerToFloat, int8_matmul_peak). Results: docs/performance.md.
 """
 
 from __future__ import annotations
@@ -23,11 +25,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.measure import run_measured
+from benchmarks.measure import inference_flops, int8_matmul_peak, measure_peak_flops, model_shape, run_measured
 from ner.data import read_conll
 from scripts.raw_text_f1 import detokenize, prf
 
 ROWS = ("pipeline", "torch", "onnx", "onnx-int8")
+PRECISION = {"pipeline": "fp32", "onnx": "fp32", "onnx-int8": "int8"}  # torch: what ner.predict's auto resolves to
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -68,6 +71,30 @@ def child(row: str, model_dir: Path, conll: Path, limit: int | None, result: Pat
                                   "words_per_s": words / seconds, "sentences": len(texts), **prf(gold, predicted)}))
 
 
+def print_mfu(model_dir: Path, conll: Path, limit: int | None, seconds: dict[str, float]) -> None:
+    """Model FLOP utilisation of each row's tagging against the matmul peak of its precision, 2 threads."""
+    import torch
+    from transformers import AutoTokenizer
+
+    texts, _, _ = sentence_texts(conll, limit)
+    lengths = [len(ids) for ids in AutoTokenizer.from_pretrained(model_dir)(texts)["input_ids"]]
+    num_labels = len(json.loads((model_dir / "config.json").read_text())["id2label"])
+    flops = inference_flops(lengths, model_shape(model_dir, num_labels))
+    from ner.backends import resolve_precision
+
+    threads = torch.get_num_threads()
+    precision = {**PRECISION, "torch": "bf16" if resolve_precision("auto", torch.device("cpu")) == "bf16" else "fp32"}
+    peaks = {f"{k[:-len('_flops_per_s')]}": v for k, v in measure_peak_flops(torch.device("cpu"), threads).items()
+             if not k.endswith("_wall_flops_per_s")}
+    peaks["int8"] = int8_matmul_peak(threads)
+    print(f"\n{sum(lengths):,} subword tokens, {flops / 1e12:.2f} TFLOP forward; peaks on {threads} threads: "
+          + ", ".join(f"{name} {peak / 1e12:.2f} T/s" for name, peak in peaks.items()))
+    print("| runtime | precision | TFLOP/s (tagging) | MFU |\n|---|---|---:|---:|")
+    for row, s in seconds.items():
+        achieved = flops / s
+        print(f"| {row} | {precision[row]} | {achieved / 1e12:.3f} | {achieved / peaks[precision[row]]:.1%} |")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model_dir", type=Path, help="exported folder with model.onnx and model.int8.onnx")
@@ -82,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print("| runtime | sentences/s (tagging) | sentences/s (whole process) | words/s (tagging) | peak RSS (MiB) | "
           "entity F1 (char spans) |\n|---|---:|---:|---:|---:|---:|")
+    rates = {}
     with tempfile.TemporaryDirectory() as folder:
         for row in args.rows:
             out = Path(folder) / f"{row}.json"
@@ -90,9 +118,11 @@ def main(argv: list[str] | None = None) -> int:
             command += ["--limit", str(args.limit)] if args.limit else []
             measured = run_measured(command, Path(folder) / f"{row}.log", cwd=ROOT)
             r = json.loads(out.read_text())
+            rates[row] = r["seconds"]
             process_rate = r["sentences"] / measured["wall_s"]  # imports, loading, warm-up and tagging
             print(f"| {row} | {r['sentences_per_s']:.0f} | {process_rate:.0f} | {r['words_per_s']:.0f} | "
                   f"{measured['peak_rss_bytes'] / 2**20:.0f} | {r['f1'] * 100:.2f} |", flush=True)
+    print_mfu(args.model_dir, args.conll, args.limit, rates)
     return 0
 
 

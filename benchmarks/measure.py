@@ -226,5 +226,41 @@ def best_matmul_time(device, dtype, size: int, reps: int, clock) -> float:
     return best
 
 
+def inference_flops(lengths: list[int], model: dict) -> float:
+    """Forward FLOPs of rows of the given real lengths: 2 x P x S + 4 x layers x hidden x S^2 a row (a third
+    of train_flops: no backward)."""
+    return sum(2 * model["matmul_params"] * n + 4 * model["layers"] * model["hidden"] * n * n for n in lengths)
+
+
+def int8_matmul_peak(threads: int, size: int = 2048, reps: int = 3) -> float:
+    """Integer-op/s of onnxruntime's MatMulIntegerToFloat (uint8 x int8, what --runtime onnx-int8 runs) on one
+    size^3 product with `threads` intra-op threads, wall clock, best of `reps` after a warm-up."""
+    import numpy as np
+    import onnxruntime
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = numpy_helper.from_array(np.random.default_rng(0).integers(-127, 128, (size, size), dtype=np.int8), "b")
+    scalars = [numpy_helper.from_array(np.array(v, dtype=t), n)
+               for n, v, t in (("a_scale", 1.0, np.float32), ("b_scale", 1.0, np.float32), ("a_zero", 128, np.uint8))]
+    node = helper.make_node("MatMulIntegerToFloat", ["a", "b", "a_scale", "b_scale", "a_zero"], ["y"],
+                            domain="com.microsoft")
+    graph = helper.make_graph([node], "peak", [helper.make_tensor_value_info("a", TensorProto.UINT8, [size, size])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [size, size])],
+                              [weight, *scalars])
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    model = helper.make_model(graph, opset_imports=opsets)
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = threads
+    session = onnxruntime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    a = np.random.default_rng(1).integers(0, 256, (size, size), dtype=np.uint8)
+    best = float("inf")
+    for rep in range(reps + 1):
+        start = time.perf_counter()
+        session.run(["y"], {"a": a})
+        if rep:
+            best = min(best, time.perf_counter() - start)
+    return 2 * size ** 3 / best
+
+
 def peak_for(peaks: dict, precision: str) -> float:
     return peaks["bf16_flops_per_s"] if precision == "bf16" else peaks["fp32_flops_per_s"]

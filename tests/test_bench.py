@@ -290,3 +290,13 @@ def test_seed_summary_takes_each_type_over_the_runs_that_report_it():
     assert summary["f1"]["mean"] == pytest.approx(85.0)
     assert summary["per_type"]["A"]["mean"] == pytest.approx(80.0) and summary["per_type"]["A"]["n"] == 2
     assert summary["per_type"]["B"] == {"mean": 0.0, "std": 0.0, "n": 1}
+
+
+def test_inference_flops_are_a_third_of_training_flops_row_by_row():
+    """A forward is a third of forward + backward: the same 2PS + 4LdS^2 per row that train_flops triples."""
+    from benchmarks.measure import inference_flops, train_flops
+
+    model = {"matmul_params": 1000, "layers": 2, "hidden": 8}
+    lengths = [3, 7, 7, 12]
+    assert 3 * inference_flops(lengths, model) == train_flops([3, 7, 12], [1, 2, 1], 1000, 2, 8)
+    assert inference_flops([], model) == 0

@@ -42,9 +42,10 @@ def parse_layout(layout: str) -> tuple[int, int]:
     return int(processes), int(threads)
 
 
-def command(model_dir: Path, texts: Path, out: Path, processes: int, runtime: str) -> list[str]:
+def command(model_dir: Path, texts: Path, out: Path, processes: int, runtime: str,
+            chunk_texts: int | None) -> list[str]:
     tail = ["-m", "ner.predict", str(model_dir), str(texts), "--output-dir", str(out), "--merge",
-            "--runtime", runtime, "--quiet"]
+            "--runtime", runtime, "--quiet"] + (["--chunk-texts", str(chunk_texts)] if chunk_texts else [])
     if processes == 1:
         return [sys.executable, *tail]
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}", *tail]
@@ -67,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layouts", nargs="+", default=["1x2", "2x1"],
                         help="PROCESSESxTHREADS; the first is the baseline")
     parser.add_argument("--runtime", default="onnx-int8", choices=("torch", "onnx", "onnx-int8"))
+    parser.add_argument("--chunk-texts", type=int, default=None, help="ner.predict --chunk-texts (default: its own)")
     parser.add_argument("--out", type=Path, required=True, help="a new folder, or one this benchmark made")
     args = parser.parse_args(argv)
     layouts = [parse_layout(layout) for layout in args.layouts]
@@ -80,8 +82,8 @@ def main(argv: list[str] | None = None) -> int:
         run_out = out / f"run_{name}"
         if run_out.exists():
             shutil.rmtree(run_out)  # this benchmark's own earlier output (OUT carries the marker)
-        measured = run_measured(command(args.model_dir.resolve(), texts, run_out, processes, args.runtime),
-                                out / f"{name}.log", cwd=ROOT,
+        argv = command(args.model_dir.resolve(), texts, run_out, processes, args.runtime, args.chunk_texts)
+        measured = run_measured(argv, out / f"{name}.log", cwd=ROOT,
                                 env={"OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"})
         output = run_out / "predictions.jsonl"
         baseline_s = baseline_s or measured["wall_s"]

@@ -81,7 +81,7 @@ class TrainConfig:
         "lower-cases its input and takes token types (the packaged MiniLM, bert-base-uncased), else none",
         choices=CASINGS)
     casing_dropout: float = _opt(
-        0.2, "with casing types, the share of training windows shown without case (every type 0, unknown), so "
+        0.5, "with casing types, the share of training windows shown without case (every type 0, unknown), so "
         "the model also tags text whose case it is not given, as in a plain transformers pipeline")
     casing_scheme: str | None = _opt(
         None, "recorded, not an option: which types the case became (encode.CASING_SCHEME), so an export is "

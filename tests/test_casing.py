@@ -84,7 +84,7 @@ def cased_run(tiny_bert, tiny_data, tmp_path_factory):
                                                            "--learning-rate", "3e-3")))
     assert result.returncode == 0, result.stderr[-2000:]
     assert "--casing auto: types" in result.stderr
-    assert "--casing-dropout 0.2: " in result.stderr and "training windows without case" in result.stderr
+    assert "--casing-dropout 0.5: " in result.stderr and "training windows without case" in result.stderr
     return out / "final"
 
 

@@ -376,7 +376,7 @@ def _casing_note(args: dict) -> str:
             "(`token_type_ids`: 1 no capital letter, 2 a capital first letter, 3 all capitals (two letters or "
             "more); 0 is \"case unknown\", what `pipeline` passes, which the model saw in a share of its training "
             f"windows (`casing_dropout` {args.get('casing_dropout')}). With the default 0.5, on CoNLL-2003 (3 seeds) "
-            "read without types: 82.65 test F1, as a model trained with `--casing none` (82.45), against 89.42 with "
+            "read without types: 82.65 test F1, as a model trained with `--casing none` (82.49), against 89.42 with "
             "the types. The `ner` tools compute the types; to pass them yourself with plain transformers:\n\n"
             "```python\nimport torch\nfrom transformers import AutoModelForTokenClassification, AutoTokenizer\n\n"
             "def case_type(word):\n    letters = [c for c in word if c.isalpha()]\n"

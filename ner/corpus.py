@@ -46,13 +46,36 @@ MANIFEST_VERSION = 2  # 2: the computation (precision, device, threads, ...) is 
 PART = re.compile(r"part-(\d{5,})\.jsonl")
 # ner/files.py names its temporary files `.NAME.tmp-<8 hex>SUFFIX`: ours beyond doubt when NAME is ours
 OUR_TEMP = re.compile(r"\.(part-\d{5,}\.jsonl|manifest\.json|predictions\.jsonl)\.tmp-[0-9a-f]{8}\.(jsonl|json)")
-DEFAULT_CHUNK_TEXTS = 4096  # docs/corpus.md: as fast as larger chunks, a few seconds to lose on a GPU
+# --chunk-texts auto: about CHUNKS_AIMED_FOR chunks of the corpus, within CHUNK_TEXTS_RANGE (docs/corpus.md:
+# chunks dealt round-robin balance processes only when each gets several, and every chunk costs a part-filled
+# forward per batch width, about 0.5-0.8 s on 2 CPU cores, so small chunks are slow)
+CHUNKS_AIMED_FOR, CHUNK_TEXTS_RANGE = 16, (2048, 4096)
+DEFAULT_CHUNK_TEXTS = CHUNK_TEXTS_RANGE[1]  # Ray Data's batch size (RayTagger)
 READ_BLOCK_BYTES = 1 << 20
 Unit = tuple[str, str, object]  # (kind, where, payload): a text as read, parsed only where it is tagged
 
 
 def part_name(chunk: int) -> str:
     return f"part-{chunk:05d}.jsonl"
+
+
+def chunk_texts_arg(value: str) -> int | None:
+    """--chunk-texts: a count, or auto (None)."""
+    if value == "auto":
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of texts or auto, got {value!r}") from None
+
+
+def chunk_texts_for(requested: int | None, texts: int) -> int:
+    """The chunk size: as given, or for auto one from the corpus size alone (never from the number of processes,
+    so every run over the same input cuts the same chunks): about CHUNKS_AIMED_FOR, within CHUNK_TEXTS_RANGE."""
+    if requested is not None:
+        return requested
+    low, high = CHUNK_TEXTS_RANGE
+    return max(low, min(high, -(-texts // CHUNKS_AIMED_FOR)))
 
 
 # ----------------------------------------------------------------------------- inputs
@@ -259,7 +282,7 @@ def model_identity(model_dir: Path, runtime: str) -> dict:
 def corpus_settings(args: argparse.Namespace) -> dict:
     """The options that decide what a part holds and how its lines are written (--chunk-texts: which texts)."""
     return {"format": args.format, "jsonl": args.jsonl, "text_column": args.text_column,
-            "chunk_texts": args.chunk_texts}
+            "chunk_texts": "auto" if args.chunk_texts is None else args.chunk_texts}
 
 
 def computation(tagger, args: argparse.Namespace) -> dict:
@@ -420,14 +443,16 @@ def prepare(args: argparse.Namespace, sources: list[Source], computed: dict) -> 
     if saved is not None:
         check_resumable(out_dir, saved, current)
         remove_ours(out_dir, temporaries_only=True)  # a killed writer's leftovers; the parts are whole
-        return Plan(saved["texts"], args.chunk_texts, frozenset(finished_chunks(out_dir)))
+        chunk_texts = saved.get("chunk_texts") or chunk_texts_for(args.chunk_texts, saved["texts"])
+        return Plan(saved["texts"], chunk_texts, frozenset(finished_chunks(out_dir)))
     counts = [count_texts(source, args.text_column) for source in sources]
     for source, count in zip(current["inputs"], counts):
         source["texts"] = count
     current["texts"] = sum(counts)
+    current["chunk_texts"] = chunk_texts_for(args.chunk_texts, current["texts"])
     out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out_dir / MANIFEST, json.dumps(current, indent=1) + "\n", fsync=True)
-    return Plan(current["texts"], args.chunk_texts, frozenset())
+    return Plan(current["texts"], current["chunk_texts"], frozenset())
 
 
 # ----------------------------------------------------------------------------- tagging
@@ -586,7 +611,7 @@ def check_corpus_args(args: argparse.Namespace) -> None:
                         "--pretokenized and --conll write to stdout")
     if args.format not in ("json", "spans"):
         raise UserError(f"--format {args.format}: --output-dir writes json or spans lines")
-    if args.chunk_texts < 1:
+    if args.chunk_texts is not None and args.chunk_texts < 1:
         raise UserError(f"--chunk-texts must be at least 1 (got {args.chunk_texts})")
     if not args.inputs:
         raise UserError("--output-dir needs INPUT files, globs or folders (stdin cannot be resumed)")
@@ -647,8 +672,9 @@ def add_corpus_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("corpus tagging (--output-dir; see ner/corpus.py)")
     group.add_argument("--output-dir", type=Path, default=None,
                        help="tag INPUT... into OUT/part-NNNNN.jsonl (resumable, any number of processes)")
-    group.add_argument("--chunk-texts", type=int, default=DEFAULT_CHUNK_TEXTS,
-                       help=f"texts per part (default: {DEFAULT_CHUNK_TEXTS})")
+    low, high = CHUNK_TEXTS_RANGE
+    group.add_argument("--chunk-texts", type=chunk_texts_arg, default=None, metavar="N|auto",
+                       help=f"texts per part (default: auto, about 1/{CHUNKS_AIMED_FOR} of the corpus, {low}-{high})")
     group.add_argument("--merge", action="store_true", help="then concatenate the parts into OUT/" + MERGED)
     group.add_argument("--overwrite", action="store_true",
                        help="start again: remove the parts, manifest and merged file a previous run wrote in OUT")

@@ -268,6 +268,19 @@ def test_without_output_dir_several_inputs_are_refused(random_model, corpus, cap
     assert "several INPUTs need --output-dir" in capsys.readouterr().err
 
 
+def test_auto_chunks_come_from_the_corpus_size_alone_and_balance_two_processes():
+    """--chunk-texts auto: 12,000 texts were 3 chunks of 4096, dealt 7,904 : 4,096 to two processes (docs/corpus.md)."""
+    sizes = {texts: ner.corpus.chunk_texts_for(None, texts) for texts in (7, 12_000, 40_000, 100_000, 10_000_000)}
+    assert sizes == {7: 2048, 12_000: 2048, 40_000: 2500, 100_000: 4096, 10_000_000: 4096}
+    for texts in (12_000, 40_000, 100_000):
+        plan = ner.corpus.Plan(texts, sizes[texts], frozenset())
+        dealt = [sum(plan.size(k) for k in plan.mine(rank, 2)) for rank in (0, 1)]
+        assert sum(dealt) == texts and min(dealt) / max(dealt) > 0.9
+    assert ner.corpus.chunk_texts_for(4, 12_000) == 4  # a number given is kept
+    args = build_parser().parse_args(["m", "x.txt", "--output-dir", "o", "--chunk-texts", "auto"])
+    assert args.chunk_texts is None
+
+
 def test_the_manifest_records_model_settings_computation_and_input(random_model, corpus, tmp_path):
     import torch
 
@@ -275,7 +288,7 @@ def test_the_manifest_records_model_settings_computation_and_input(random_model,
     assert tag(random_model, out, corpus["first"]) == 0
     manifest = json.loads((out / "manifest.json").read_text())
     assert "model.safetensors" in manifest["model"]["sha256"]
-    assert manifest["settings"]["chunk_texts"] == 4096 and manifest["texts"] == 7
+    assert manifest["settings"]["chunk_texts"] == "auto" and manifest["texts"] == 7 and manifest["chunk_texts"] == 2048
     # how the numbers were computed, as the loaded Tagger does it; the batch budget as resolved for the device
     # (the CPU's tokens here; windows as given), so a resume on a GPU is refused, not mixed
     assert manifest["computation"] == {

@@ -125,7 +125,7 @@ def inference_table(inference: dict) -> str:
 
 def peak_part(peak: dict) -> list[str]:
     rows = [[dtype, peak[f"{dtype}_flops_per_s"] / 1e12, peak.get(f"{dtype}_wall_flops_per_s", 0.0) / 1e12]
-            for dtype in ("fp32", "bf16")]
+            for dtype in ("fp32", "bf16") if f"{dtype}_flops_per_s" in peak]  # bf16: only where it is native
     return ["## Matmul peak (the MFU denominator: one core's rate in thread CPU time x threads)",
             markdown_table(["dtype", "peak TFLOP/s", "wall-clock TFLOP/s, all threads"], rows)]
 

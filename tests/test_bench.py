@@ -216,6 +216,22 @@ def test_render_report_has_every_section():
     assert "Warning" not in text
 
 
+def test_bf16_peak_is_measured_only_where_the_cpu_has_bf16_units(monkeypatch):
+    """Emulated bf16 took minutes for the 4096^3 product on an AVX2-only CPU, where nothing runs in bf16."""
+    import torch
+
+    import ner.backends
+
+    monkeypatch.setattr(ner.backends, "cpu_supports_bf16", lambda: False)
+    peaks = measure.measure_peak_flops(torch.device("cpu"), threads=1, size=32, reps=1)
+    assert set(peaks) == {"fp32_flops_per_s", "fp32_wall_flops_per_s"}
+    assert measure.peak_for(peaks, "fp32") == peaks["fp32_flops_per_s"]
+    assert measure.peak_for(peaks, "bf16") != measure.peak_for(peaks, "bf16")  # nan: not measured, not zero
+    assert "| fp32 |" in "\n".join(report.peak_part(peaks)) and "| bf16 |" not in "\n".join(report.peak_part(peaks))
+    monkeypatch.setattr(ner.backends, "cpu_supports_bf16", lambda: True)
+    assert "bf16_flops_per_s" in measure.measure_peak_flops(torch.device("cpu"), threads=1, size=32, reps=1)
+
+
 def test_save_report_keeps_earlier_sections(tmp_path):
     report.save_report({"device": "cpu", "peak": {"fp32_flops_per_s": 1e11, "bf16_flops_per_s": 2e11}}, tmp_path)
     merged = report.load_report(tmp_path / "bench.json")

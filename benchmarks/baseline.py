@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 
 from benchmarks.measure import synchronize
-from ner.data import Example, read_conll
-from ner.encode import IGNORE_INDEX
+from ner.data.encode import IGNORE_INDEX
+from ner.data.examples import Example, read_conll
 
 MAX_LENGTH = 128  # run_ner_no_trainer's --max_length default
 
@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> dict:
     from transformers import AutoTokenizer, DataCollatorForTokenClassification, get_scheduler, set_seed
 
     from ner.backends import default_device
-    from ner.model import resolve_model_path
+    from ner.training.model import resolve_model_path
 
     set_seed(args.seed)
     device, path = default_device(), resolve_model_path(args.model)

@@ -42,8 +42,8 @@ def plan_limits(plan: str) -> tuple[int, int]:
 
 def sorted_plan(features, pad_to_multiple_of, max_rows, max_tokens):
     """The plan before fixed shapes, for comparison."""
-    from ner.batching import inference_batches
-    from ner.encode import padded_lengths
+    from ner.data.batching import inference_batches
+    from ner.data.encode import padded_lengths
 
     return features, inference_batches(padded_lengths(features, pad_to_multiple_of), max_rows, max_tokens)
 
@@ -62,7 +62,7 @@ def measure(tagger, plan: str, texts: list[str], words: int, sample: int) -> dic
     rows, tokens = plan_limits(plan)
     predict = lambda batch: tagger.predict(batch, rows, tokens)  # noqa: E731
     baseline = plan.startswith("sorted")
-    with mock.patch("ner.infer.fixed_shape_plan", sorted_plan) if baseline else contextlib.nullcontext():
+    with mock.patch("ner.inference.tagger.fixed_shape_plan", sorted_plan) if baseline else contextlib.nullcontext():
         predict(texts[:64])  # kernels for the common shapes, thread pools
         start = time.perf_counter()
         together = predict(texts)
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     for plan in args.plans:
         plan_limits(plan)
-    from ner.infer import Tagger
+    from ner.inference.tagger import Tagger
 
     texts, _, words = sentence_texts(args.conll, args.limit)
     print("| precision | plan (rows x tokens) | corpus words/s | 1 text (ms, median) | 16 texts (ms, median) | "

@@ -7,7 +7,7 @@
     results = measure_inference(Path("bench_out/runs/ours/final"), read_conll(Path("valid.conll")))
 
 Rows: a hand loop of one sentence at a time through the Hugging Face model in fp32 (the reference);
-ner.infer's Tagger.tag length-batched with ner.predict's defaults, with `auto` autocast (bf16 where
+ner.inference.tagger's Tagger.tag length-batched with ner.predict's defaults, with `auto` autocast (bf16 where
 supported) and in fp32; Tagger.tag one sentence per call; and the evaluation a training run does
 (Tagger.tag set up as the run was, under its evaluation batch limits, scored in its tag scheme).
 Each times the whole call: tokenisation, forward passes, merging windows back to words; F1 is
@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from benchmarks.report import REFERENCE_INFERENCE, inference_table
-from ner.data import Example, read_conll
+from ner.data.examples import Example, read_conll
 
 
 def timed_tags(tag_all, examples: list[Example], scheme: str = "iob2") -> dict:
@@ -68,7 +68,7 @@ def one_at_a_time_hf(model_dir: Path, examples: list[Example]) -> dict:
 
 def evaluation_tagger(model_dir: Path):
     """A Tagger set up as the run that exported `model_dir` evaluated: its window length, width rounding, dtype."""
-    from ner.infer import Tagger
+    from ner.inference.tagger import Tagger
 
     training_args = json.loads((model_dir / "training_args.json").read_text())
     tagger = Tagger(model_dir, precision=training_args["mixed_precision"],
@@ -80,11 +80,11 @@ def evaluation_tagger(model_dir: Path):
 def timed_evaluate(tagger, training_args: dict, examples: list[Example]) -> dict:
     """The validation pass of the run whose export `tagger` holds (see evaluation_tagger), in one process.
 
-    Times Tagger.tag (ner.infer's batched forward and window merging, which training's evaluation also
+    Times Tagger.tag (ner.inference.tagger's batched forward and window merging, which training's evaluation also
     runs) under the evaluation batch rule training uses: inference_batch_limits of the run's own
     batch_size and max_tokens. Then scores with entity_scores in the run's tag scheme (not timed).
     """
-    from ner.config import inference_batch_limits
+    from ner.inference.options import inference_batch_limits
 
     limits = inference_batch_limits(training_args["batch_size"], training_args["max_tokens"])
     return timed_tags(lambda: tagger.tag(examples, *limits)[0], examples, training_args.get("tag_scheme", "iob2"))
@@ -92,16 +92,16 @@ def timed_evaluate(tagger, training_args: dict, examples: list[Example]) -> dict
 
 def measure_inference(model_dir: Path, examples: list[Example]) -> dict:
     """Every row of the inference table (see the module docstring), keyed by a label naming path and dtype."""
-    from ner.infer import Tagger
+    from ner.inference.tagger import Tagger
 
     results = {REFERENCE_INFERENCE: one_at_a_time_hf(model_dir, examples)}
     for precision in ("auto", "no"):
         tagger = Tagger(model_dir, precision=precision)
         tagger.tag(examples[:64])  # kernels and thread pools warm before the timing
-        results[f"ner.infer Tagger.tag, length-batched ({tagger.precision})"] = timed_tags(
+        results[f"ner.inference.tagger Tagger.tag, length-batched ({tagger.precision})"] = timed_tags(
             lambda t=tagger: t.tag(examples)[0], examples)
     tagger = Tagger(model_dir)
-    results[f"ner.infer Tagger.tag, one sentence per call ({tagger.precision})"] = timed_tags(
+    results[f"ner.inference.tagger Tagger.tag, one sentence per call ({tagger.precision})"] = timed_tags(
         lambda: [tagger.tag([e])[0][0] for e in examples], examples)
     tagger, training_args = evaluation_tagger(model_dir)
     tagger.tag(examples[:64])

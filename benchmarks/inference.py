@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from benchmarks.measure import inference_flops, int8_matmul_peak, measure_peak_flops, model_shape, run_measured
-from ner.data import read_conll
+from ner.data.examples import read_conll
 from scripts.raw_text_f1 import detokenize, prf
 
 ROWS = ("pipeline", "torch", "onnx", "onnx-int8")
@@ -53,7 +53,7 @@ def tag_function(row: str, model_dir: Path):
         tagger = pipeline("token-classification", model=str(model_dir), aggregation_strategy="simple",
                           batch_size=32, device=-1)
         return lambda texts: [[(e["start"], e["end"], e["entity_group"]) for e in found] for found in tagger(texts)]
-    from ner.infer import Tagger
+    from ner.inference.tagger import Tagger
 
     tagger = Tagger(model_dir, runtime=row)  # what ner.predict does: bf16 autocast where the CPU has it
     return lambda texts: [[(e["start"], e["end"], e["type"]) for e in r["entities"]] for r in tagger.predict(texts)]

@@ -45,8 +45,8 @@ def measure(multiple: int, updates: int, rows: int, seed: int) -> dict:
     import transformers
 
     from ner.backends import autocast_for, resolve_precision
-    from ner.encode import padded_length
-    from ner.model import build_model, build_optimizer
+    from ner.data.encode import padded_length
+    from ner.training.model import build_model, build_optimizer
 
     transformers.logging.set_verbosity_error()
     torch.manual_seed(seed)

@@ -15,7 +15,7 @@ import argparse
 import json
 import time
 
-from ner.text import split_words
+from ner.data.text import split_words
 
 PROSE = ("Angela Merkel met Emmanuel Macron in Paris on Monday , the U.S. State Department said . Shares of "
          "Acme Corp. rose 3.5 % to $ 12,000 after O'Neill 's comments in St. Louis on 1996-12-06 . ")

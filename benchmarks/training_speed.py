@@ -53,7 +53,7 @@ from benchmarks.measure import (
     updates_from_records,
 )
 from benchmarks.report import REFERENCE_ABLATION, load_report, ratio_rows, save_report
-from ner.data import build_label_list, read_conll, write_conll
+from ner.data.examples import build_label_list, read_conll, write_conll
 from ner.errors import UserError, cli
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -267,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from ner.backends import default_device
-    from ner.model import resolve_model_path
+    from ner.training.model import resolve_model_path
 
     report = load_report(work / "bench.json")
     device = default_device()

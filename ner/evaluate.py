@@ -6,7 +6,7 @@
     python -m ner.evaluate runs/ner/final test.conll --plots out/ --target-precision 0.95
 
 Prints seqeval's report per entity type and the overall micro-averaged precision, recall and F1
-(entity-level, exact spans); then (ner/analysis.py, docs/evaluation.md) the kinds of error
+(entity-level, exact spans); then (ner/inference/analysis.py, docs/evaluation.md) the kinds of error
 (correct, wrong type, boundary, boundary and type, missed, spurious), scores under nervaluate's
 strict / exact / partial / type schemas with macro F1, the confusion matrix of types, precision and
 recall per type at entity-score thresholds (`--target-precision`: the lowest threshold reaching it)
@@ -27,13 +27,14 @@ from pathlib import Path
 
 from seqeval.metrics import classification_report
 
-from ner.analysis import Match, Span, analyse, format_analysis, match_entities
-from ner.config import add_data_arguments, add_inference_arguments
-from ner.data import Example, check_known_labels
-from ner.decode import get_entities
+from ner.data.examples import Example, check_known_labels
+from ner.data.formats import read_examples
+from ner.data.tags import get_entities
 from ner.errors import UserError, cli
-from ner.formats import read_examples
+from ner.inference.analysis import Match, Span, analyse, format_analysis, match_entities
+from ner.inference.options import add_inference_arguments
 from ner.metrics import entity_scores, seqeval_kwargs
+from ner.training.config import add_data_arguments
 
 # What the side-by-side view says of each kind of match.
 PROBLEM = {"correct": "", "wrong_type": "wrong type", "boundary": "wrong span",
@@ -41,7 +42,7 @@ PROBLEM = {"correct": "", "wrong_type": "wrong type", "boundary": "wrong span",
 
 
 def side_by_side(gold: list[str], predicted: list[str]) -> list[Match]:
-    """One row per match of ner.analysis (the kinds of error the report counts), in sentence order."""
+    """One row per match of ner.inference.analysis (the kinds of error the report counts), in sentence order."""
     return match_entities(get_entities(gold), get_entities(predicted))
 
 
@@ -125,7 +126,7 @@ def check_arguments(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     check_arguments(args)
-    from ner.infer import Tagger  # after the cheap checks: loading torch + transformers takes seconds
+    from ner.inference.tagger import Tagger  # after the cheap checks: loading torch + transformers takes seconds
 
     tagger = Tagger.from_args(args)
     examples = read_examples(args.file, data_format=args.data_format, span_alignment=args.span_alignment)
@@ -149,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
                   "scheme": scheme, **scores, **analysis, "worst": to_json(examples, predicted, worst)}
         args.json.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     if args.plots is not None:
-        from ner.plot import write_evaluation_plots
+        from ner.training.plots import write_evaluation_plots
 
         args.plots.mkdir(exist_ok=True)
         for path in write_evaluation_plots(analysis, args.plots, on=args.file.name):

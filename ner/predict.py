@@ -6,7 +6,7 @@
     python -m ner.predict runs/ner/final test.conll --conll            # gold tags too: seqeval report on stderr
     python -m ner.predict runs/ner/final test.conll --conll --format conll > tagged.conll
     python -m ner.predict runs/ner/final texts.jsonl --jsonl --format spans > pre_annotated.jsonl
-    python -m ner.predict runs/ner/final corpus/ --output-dir tagged --merge   # a corpus: ner/corpus.py
+    python -m ner.predict runs/ner/final corpus/ --output-dir tagged --merge   # a corpus: ner/corpus/tagging.py
 
 JSON output, one line per input line (raw text: an empty line gives no entities):
     {"entities": [{"text": "Angela Merkel", "type": "PER", "start": 0, "end": 13, "score": 0.99}]}
@@ -19,7 +19,7 @@ JSON output, one line per input line (raw text: an empty line gives no entities)
 --format label-studio (raw text, --jsonl): one JSON list of Label Studio tasks with the entities as
     predictions, to import and correct there (its Named Entity Recognition template's names).
 raw text (default): `start`/`end` are character offsets into the line, end exclusive, and
-    `text == line[start:end]`; words are split CoNLL-style (ner/text.py), long texts windowed.
+    `text == line[start:end]`; words are split CoNLL-style (ner/data/text.py), long texts windowed.
 --pretokenized and --conll: one JSON line per sentence (blank lines skipped), with its `words`;
     `start`/`end` are word indices (`words[start:end]`) and `text` is those words joined by spaces.
 """
@@ -35,13 +35,13 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from ner.config import add_inference_arguments
-from ner.corpus import add_corpus_arguments, tag_corpus
-from ner.data import Example, check_known_labels, parse_jsonl, read_conll
+from ner.corpus.tagging import add_corpus_arguments, tag_corpus
+from ner.data.examples import Example, check_known_labels, parse_jsonl, read_conll
+from ner.data.spans import SPAN_HELP, entities_record, label_studio_task, span_record, text_of
+from ner.data.text import split_whitespace
 from ner.errors import UserError, cli
-from ner.infer import Tagger, entities, model_version, word_positions
-from ner.spans import SPAN_HELP, entities_record, label_studio_task, span_record, text_of
-from ner.text import split_whitespace
+from ner.inference.options import add_inference_arguments
+from ner.inference.tagger import Tagger, entities, model_version, word_positions
 
 RAW_HELP = ("raw text (the default): each line is one text; entities carry character offsets "
             "(text == line[start:end])")

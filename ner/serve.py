@@ -17,10 +17,10 @@ Under load and faults (docs/serving.md): 503 + Retry-After when --max-queue text
 503, what fits in --shutdown-timeout is answered, the rest gets 503, and the process exits in time.
 GET /health (liveness): the model, its labels and types, "in_flight", "queued_texts"; 503 once the
 batcher has died (the process then exits 1). GET /ready (readiness): 200 once warmed up, else 503.
-GET /openapi.json documents the bodies (ner/serve_api.py). GET /metrics: Prometheus text format; every answer
-carries an X-Request-ID and gets one "ner.access" log line (ner/serve_metrics.py). --api-key (or NER_API_KEY):
+GET /openapi.json documents the bodies (ner/serving/api.py). GET /metrics: Prometheus text format; every answer
+carries an X-Request-ID and gets one "ner.access" log line (ner/serving/metrics.py). --api-key (or NER_API_KEY):
 POST /predict needs `Authorization: Bearer KEY`, and so does every Label Studio route that tags or trains
-(--label-studio mounts them under /label-studio: ner/label_studio.py). --cors-origin: pages served elsewhere
+(--label-studio mounts them under /label-studio: ner/serving/label_studio.py). --cors-origin: pages served elsewhere
 may call the API.
 --workers N: N processes on one port, each with its own model and batcher.
 
@@ -44,9 +44,18 @@ from functools import partial
 from importlib import resources
 from pathlib import Path
 
-from ner.batcher import BatcherEvents, BatchLimits, ClientGone, Draining, MicroBatcher, Overloaded, TextFailed, TimedOut
-from ner.config import add_model_arguments
 from ner.errors import UserError, cli, log_to_stderr
+from ner.inference.options import add_model_arguments
+from ner.serving.batcher import (
+    BatcherEvents,
+    BatchLimits,
+    ClientGone,
+    Draining,
+    MicroBatcher,
+    Overloaded,
+    TextFailed,
+    TimedOut,
+)
 
 log = logging.getLogger("ner.serve")
 MIB = 1024 * 1024
@@ -212,7 +221,7 @@ def health_info(tagger, model_dir: Path) -> dict:
     """What /health reports: the folder, the encoder it was fine-tuned from, the labels and entity types."""
     import json
 
-    from ner.data import entity_types
+    from ner.data.examples import entity_types
 
     labels = [tagger.id2label[i] for i in sorted(tagger.id2label)]
     args_file = model_dir / "training_args.json"
@@ -231,8 +240,8 @@ def create_app(tagger, model_dir: Path, limits: Limits = Limits(), options: Serv
     from fastapi import Depends, FastAPI, Request
     from fastapi.responses import HTMLResponse, JSONResponse
 
-    from ner.serve_api import bearer_key_check, health_openapi, predict_openapi, ready_openapi
-    from ner.serve_metrics import ServeMetrics
+    from ner.serving.api import bearer_key_check, health_openapi, predict_openapi, ready_openapi
+    from ner.serving.metrics import ServeMetrics
 
     metrics = ServeMetrics()
     batcher = MicroBatcher(tagger.predict, limits, events or metrics)
@@ -312,8 +321,8 @@ def mount_label_studio(app, batcher: MicroBatcher, tagger, model_dir: Path, type
     limits; every route that tags or trains needs the key. Retraining swaps in models loaded as `tagger` was."""
     from fastapi import Depends
 
-    from ner import label_studio
-    from ner.serve_api import label_studio_key_check, label_studio_openapi
+    from ner.serving import label_studio
+    from ner.serving.api import label_studio_key_check, label_studio_openapi
 
     backend = label_studio.Backend(batcher.submit, model_dir, types,
                                    swap_predict=lambda new: setattr(batcher, "predict", new.predict),
@@ -333,8 +342,8 @@ def add_operations(app, metrics, cors_origins: Sequence[str]) -> None:
     from fastapi import Response
     from starlette.middleware.cors import CORSMiddleware
 
-    from ner.serve_api import metrics_openapi
-    from ner.serve_metrics import CONTENT_TYPE, RequestLog
+    from ner.serving.api import metrics_openapi
+    from ner.serving.metrics import CONTENT_TYPE, RequestLog
 
     @app.get("/metrics", response_class=Response, **metrics_openapi())
     async def scrape() -> Response:
@@ -458,7 +467,7 @@ def limits_of(args) -> tuple[Limits, ServeOptions]:
 
 def app_from_args(args: argparse.Namespace):
     """The model and the app the command line asks for."""
-    from ner.infer import Tagger
+    from ner.inference.tagger import Tagger
 
     limits, options = limits_of(args)
     tagger = Tagger.from_args(args)
@@ -543,8 +552,8 @@ def run_workers(args: argparse.Namespace, argv: list[str], options: ServeOptions
 
     import uvicorn
 
-    from ner.label_studio import SESSION_ENV
-    from ner.serve_metrics import MULTIPROC_ENV
+    from ner.serving.label_studio import SESSION_ENV
+    from ner.serving.metrics import MULTIPROC_ENV
 
     if not (args.model_dir / "config.json").is_file():  # before N workers each fail on it
         raise UserError(f"{args.model_dir}: not a model folder (no config.json); pass OUTPUT_DIR/final")

@@ -18,10 +18,10 @@ from __future__ import annotations
 import sys
 
 from ner.backends import Backend, launch
-from ner.checkpoint import record_tracker_files
-from ner.config import parse_config
 from ner.errors import cli
-from ner.run import run
+from ner.training.checkpoint import record_tracker_files
+from ner.training.config import parse_config
+from ner.training.run import run
 
 
 class Worker:

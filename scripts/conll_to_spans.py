@@ -17,10 +17,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from ner.data import Example, read_conll_documents, to_iob2, write_conll, write_jsonl
+from ner.data.examples import Example, read_conll_documents, to_iob2, write_conll, write_jsonl
+from ner.data.formats import read_examples
+from ner.data.spans import span_record
 from ner.errors import cli
-from ner.formats import read_examples
-from ner.spans import span_record
 
 
 def records(documents: list[list[Example]], per: str, tokens: bool) -> list[dict]:

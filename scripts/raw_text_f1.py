@@ -7,7 +7,7 @@
 Each document (the sentences between -DOCSTART- lines) becomes one line of text: tokens joined by a
 space, except none before closing punctuation (. , ; : ! ? ) ] } %) or a clitic ('s, n't), and none
 after an opening bracket. Gold entities are recorded as character spans of that text. For each word
-splitter in ner/text.py it reports how many CoNLL tokens it reproduces exactly and how many gold
+splitter in ner/data/text.py it reports how many CoNLL tokens it reproduces exactly and how many gold
 entities start and end on its word boundaries (recall can be no higher); with --model, the entity F1
 on exact character spans (Tagger.predict's path, one document per text) next to the same model's
 word-level F1 on the CoNLL file itself. Results: docs/raw_text.md.
@@ -24,8 +24,8 @@ from pathlib import Path
 
 from seqeval.metrics.sequence_labeling import get_entities
 
-from ner.data import Example, read_conll, read_conll_documents, write_jsonl
-from ner.text import SPLITTERS
+from ner.data.examples import Example, read_conll, read_conll_documents, write_jsonl
+from ner.data.text import SPLITTERS
 
 CLOSING = re.compile(r"^(?:[.,;:!?)\]}%]|\.\.\.|n't|'(?:s|S|re|ve|ll|d|m))$")
 OPENING = {"(", "[", "{"}
@@ -73,7 +73,7 @@ def splitter_stats(docs: list[tuple[str, list, list[Span]]]) -> dict:
 
 
 def raw_text_scores(model_dir: Path, docs: list[tuple[str, list, list[Span]]], conll: Path) -> dict:
-    from ner.infer import Tagger
+    from ner.inference.tagger import Tagger
     from ner.metrics import entity_scores
 
     tagger = Tagger(model_dir, precision="no")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-import ner.infer
+import ner.inference.tagger
 from ner.serve import main
 
 
@@ -23,5 +23,5 @@ def failing_on(marker: str, predict):
 
 
 if __name__ == "__main__":
-    ner.infer.Tagger.predict = failing_on(sys.argv[1], ner.infer.Tagger.predict)
+    ner.inference.tagger.Tagger.predict = failing_on(sys.argv[1], ner.inference.tagger.Tagger.predict)
     sys.exit(main(sys.argv[2:]))

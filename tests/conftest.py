@@ -156,7 +156,7 @@ def with_random_head(encoder: Path, tiny_data: dict[str, Path], folder: Path) ->
     import torch
     from transformers import AutoModelForTokenClassification, AutoTokenizer
 
-    from ner.data import build_label_list, read_conll
+    from ner.data.examples import build_label_list, read_conll
 
     labels = build_label_list(read_conll(tiny_data["train"]))
     torch.manual_seed(0)

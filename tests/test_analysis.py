@@ -1,4 +1,4 @@
-"""Kinds of error, nervaluate's schemas, confusion, score thresholds and calibration (ner/analysis.py), and
+"""Kinds of error, nervaluate's schemas, confusion, score thresholds and calibration (ner/inference/analysis.py), and
 ner.evaluate's report of them; offline, on hand-made tags and the tiny random model."""
 
 from __future__ import annotations
@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 from seqeval.metrics import classification_report
 
-from ner.analysis import (
+from ner.data.examples import read_conll
+from ner.evaluate import main as evaluate_main
+from ner.inference.analysis import (
     KINDS,
     NO_ENTITY,
     SCHEMAS,
@@ -25,10 +27,8 @@ from ner.analysis import (
     schema_scores,
     sentence_spans,
 )
-from ner.data import read_conll
-from ner.evaluate import main as evaluate_main
 from ner.metrics import entity_scores
-from ner.plot import confusion_counts
+from ner.training.plots import confusion_counts
 
 nervaluate = pytest.importorskip("nervaluate")  # the test extra; the package itself does not need it
 
@@ -189,7 +189,7 @@ def test_evaluate_reports_matrix_thresholds_and_plots(random_model, tiny_data, t
     report = json.loads(out.read_text())
     examples = read_conll(tiny_data["test"])
     gold = [e.tags for e in examples]
-    from ner.infer import Tagger
+    from ner.inference.tagger import Tagger
 
     predicted, _ = Tagger(random_model, precision="no").tag(examples)
 

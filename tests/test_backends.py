@@ -14,7 +14,7 @@ import torch
 from conftest import python_module, read_state, run_cli, tiny_args
 from safetensors.torch import load_file
 
-from ner.checkpoint import list_checkpoints
+from ner.training.checkpoint import list_checkpoints
 
 
 def train(args: list[str], launcher: list[str] | None = None, env: dict | None = None) -> dict:

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 from conftest import make_sentences
 
-from ner.batching import fixed_shape_batches, rows_for_width
-from ner.data import Example
-from ner.encode import Feature, collate, fixed_shape_plan, padded_lengths
-from ner.infer import Tagger
+from ner.data.batching import fixed_shape_batches, rows_for_width
+from ner.data.encode import Feature, collate, fixed_shape_plan, padded_lengths
+from ner.data.examples import Example
+from ner.inference.tagger import Tagger
 from ner.predict import main as predict_main
 
 PRECISIONS = ("bf16", "no", "auto")  # bf16 autocast runs on any CPU; "auto" is the default, bf16 or fp32 by CPU
@@ -118,8 +118,8 @@ def test_predict_gives_a_line_the_same_output_in_two_files(random_model, tmp_pat
 
 def test_batch_limits_not_given_are_the_budget_of_the_device_the_passes_run_on(random_model, monkeypatch):
     """A GPU gets its own default budget (measured on an H200); given limits win; an unknown device gets the CPU's."""
-    from ner import infer
-    from ner.config import INFERENCE_BUDGETS, inference_budget
+    from ner.inference import tagger as infer
+    from ner.inference.options import INFERENCE_BUDGETS, inference_budget
 
     assert inference_budget("cuda") == INFERENCE_BUDGETS["cuda"] != INFERENCE_BUDGETS["cpu"]
     assert inference_budget("mps") == inference_budget("cpu")

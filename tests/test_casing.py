@@ -11,9 +11,7 @@ import pytest
 import torch
 from conftest import python_module, run_cli, tiny_args
 
-from ner.config import TrainConfig, resolve_casing
-from ner.data import Example
-from ner.encode import (
+from ner.data.encode import (
     CASING_SCHEME,
     CASING_TYPES,
     LEGACY_CASING_SCHEME,
@@ -22,8 +20,10 @@ from ner.encode import (
     collate,
     encode_examples,
 )
+from ner.data.examples import Example
 from ner.errors import UserError
-from ner.model import build_model, load_tokenizer, lowercases, takes_token_types, widen_token_types
+from ner.training.config import TrainConfig, resolve_casing
+from ner.training.model import build_model, load_tokenizer, lowercases, takes_token_types, widen_token_types
 
 
 @pytest.mark.parametrize("word, expected", [
@@ -91,7 +91,7 @@ def cased_run(tiny_bert, tiny_data, tmp_path_factory):
 def test_the_export_records_casing_and_inference_passes_the_types(cased_run):
     from transformers import AutoModelForTokenClassification
 
-    from ner.infer import Tagger
+    from ner.inference.tagger import Tagger
 
     args = json.loads((cased_run / "training_args.json").read_text())
     assert args["casing"] == "types" and args["casing_scheme"] == CASING_SCHEME
@@ -106,7 +106,7 @@ def test_the_export_records_casing_and_inference_passes_the_types(cased_run):
 
 
 def test_casing_dropout_blanks_a_seeded_share_of_windows_and_nothing_else(tiny_bert):
-    from ner.encode import drop_casing
+    from ner.data.encode import drop_casing
 
     tokenizer = load_tokenizer(str(tiny_bert))
     examples = [Example(["Ada", "met", "Bob", "in", "Rome", str(i)], ["O"] * 6, "t") for i in range(400)]
@@ -122,7 +122,7 @@ def test_casing_dropout_blanks_a_seeded_share_of_windows_and_nothing_else(tiny_b
 
 
 def test_dropped_windows_get_the_unknown_type_that_a_plain_consumer_passes(tiny_bert):
-    from ner.encode import drop_casing
+    from ner.data.encode import drop_casing
 
     tokenizer = load_tokenizer(str(tiny_bert))
     examples = [Example(["ada", "met", "BOB", "in", "Rome", str(i)], ["O"] * 6, "t") for i in range(50)]
@@ -156,8 +156,8 @@ def legacy_export(cased_run, folder):
 
 
 def test_an_export_without_a_recorded_scheme_is_encoded_in_the_legacy_one(cased_run, tmp_path, monkeypatch):
-    from ner import infer
-    from ner.infer import ModelSettings, Tagger
+    from ner.inference import tagger as infer
+    from ner.inference.tagger import ModelSettings, Tagger
 
     folder, _ = legacy_export(cased_run, tmp_path / "old")
     assert ModelSettings.of(folder).casing_scheme == LEGACY_CASING_SCHEME
@@ -177,7 +177,7 @@ def test_an_export_without_a_recorded_scheme_is_encoded_in_the_legacy_one(cased_
 def test_an_unknown_recorded_scheme_is_refused(cased_run, tmp_path):
     import shutil
 
-    from ner.infer import ModelSettings
+    from ner.inference.tagger import ModelSettings
 
     shutil.copytree(cased_run, tmp_path / "future")
     args = json.loads((tmp_path / "future" / "training_args.json").read_text())
@@ -234,8 +234,8 @@ def test_a_checkpoint_from_before_the_unknown_type_does_not_resume(cased_run, ti
     import shutil
 
     from ner import train as train_cli
-    from ner.checkpoint import MANIFEST, STATE, list_checkpoints
     from ner.files import sha256_file
+    from ner.training.checkpoint import MANIFEST, STATE, list_checkpoints
 
     old = tmp_path / "old"
     shutil.copytree(list_checkpoints(cased_run.parent)[-1], old)

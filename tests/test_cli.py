@@ -10,8 +10,8 @@ import pytest
 from conftest import python_module, read_state, run_cli, tiny_args
 
 from ner import train as train_cli
-from ner.checkpoint import list_checkpoints
 from ner.metrics import best_evaluation
+from ner.training.checkpoint import list_checkpoints
 
 
 @pytest.fixture(scope="module")
@@ -69,16 +69,16 @@ def test_rotation_keeps_the_newest_two_and_the_best(trained):
 
 def test_loss_plot_marks_each_epoch_where_it_really_ended(trained, monkeypatch):
     """Logging every 10 updates: the boundary is the epoch's last update, not the next logged step."""
-    import ner.plot
+    import ner.training.plots as plots
 
     state = read_state(list_checkpoints(trained)[-1])
     epoch_last_steps = [e["step"] for e in state["eval_history"]]  # one evaluation at each epoch's end
     assert any(step % 10 for step in epoch_last_steps)  # else this test could not tell the two apart
-    run = ner.plot.read_metrics(trained / "metrics.jsonl")
+    run = plots.read_metrics(trained / "metrics.jsonl")
     assert run.epoch_ends == dict(enumerate(epoch_last_steps, start=1))
     figures = []
-    monkeypatch.setattr(ner.plot, "_save", lambda figure, path: figures.append(figure) or path)
-    ner.plot.plot_loss_lr(run.logs, run.epoch_ends, trained / "unused.png")
+    monkeypatch.setattr(plots, "_save", lambda figure, path: figures.append(figure) or path)
+    plots.plot_loss_lr(run.logs, run.epoch_ends, trained / "unused.png")
     drawn = sorted({line.get_xdata()[0] for line in figures[0].axes[0].lines[1:]})
     assert drawn == [step for step in epoch_last_steps if step < run.logs[-1]["step"]]
 

@@ -7,8 +7,8 @@ import sys
 import pytest
 from conftest import run_cli
 
-from ner.config import TrainConfig, load_yaml, parse_config
 from ner.errors import UserError
+from ner.training.config import TrainConfig, load_yaml, parse_config
 
 
 def test_flags_override_yaml_which_overrides_defaults(tmp_path):
@@ -52,7 +52,7 @@ def test_validation(argv, message):
 
 
 def test_max_seq_length_range_names_the_value_and_the_bounds():
-    from ner.config import check_max_seq_length
+    from ner.inference.options import check_max_seq_length
 
     check_max_seq_length(8)
     check_max_seq_length(512, max_positions=512)
@@ -81,7 +81,7 @@ def test_help_lists_every_flag_with_its_default(entry):
 
 
 def test_auto_defaults_follow_the_measured_rules():
-    from ner.config import auto_learning_rate, auto_num_epochs
+    from ner.training.config import auto_learning_rate, auto_num_epochs
 
     assert auto_num_epochs(29) == 10  # the shipped sample: ~29 updates an epoch
     assert auto_num_epochs(300) == 5
@@ -91,7 +91,7 @@ def test_auto_defaults_follow_the_measured_rules():
 
 
 def test_auto_values_resolve_into_a_new_config_once(caplog):
-    from ner.config import resolve_auto
+    from ner.training.config import resolve_auto
 
     caplog.set_level("INFO", logger="ner")
     given = TrainConfig()

@@ -8,8 +8,8 @@ import json
 import pytest
 from conftest import make_sentences, python_module, read_state, run_cli, tiny_args
 
-from ner.checkpoint import list_checkpoints
-from ner.data import read_conll
+from ner.data.examples import read_conll
+from ner.training.checkpoint import list_checkpoints
 
 
 def write_documents(path, sentences, per_document: int):
@@ -50,7 +50,7 @@ def test_the_export_records_how_it_was_trained(doc_run):
 
 
 def test_predict_and_evaluate_use_the_trained_context_by_default(doc_run, doc_data):
-    from ner.infer import Tagger
+    from ner.inference.tagger import Tagger
 
     examples = read_conll(doc_data["test"])
     tagger = Tagger(doc_run / "final", precision="no")

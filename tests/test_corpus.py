@@ -1,4 +1,4 @@
-"""Corpus tagging (ner/corpus.py): chunks in input order, resume, refusal, 1 process = 2 gloo processes."""
+"""Corpus tagging (ner/corpus/tagging.py): chunks in input order, resume, refusal, 1 process = 2 gloo processes."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import pytest
 from conftest import PEOPLE, PLACES, python_module, run_cli
 
 import ner.backends
-import ner.corpus
-from ner.config import INFERENCE_BUDGETS
+import ner.corpus.tagging
+from ner.inference.options import INFERENCE_BUDGETS
 from ner.predict import build_parser, main
 
 TEXTS = [f"{PEOPLE[i % len(PEOPLE)]} flew to {PLACES[i % len(PLACES)]} on day {i} ." for i in range(11)]
@@ -236,14 +236,14 @@ def test_torchrun_restarts_a_killed_process_and_the_run_completes(random_model, 
 
 
 RANK_1_FAILS = """import os, sys
-import ner.corpus
+import ner.corpus.tagging
 from ner.predict import main
-real = ner.corpus.expand_inputs
+real = ner.corpus.tagging.expand_inputs
 def listing(*args):
     if os.environ["RANK"] == "1":
         raise FileNotFoundError(2, "No such file or directory", "corpus/b.txt")
     return real(*args)
-ner.corpus.expand_inputs = listing
+ner.corpus.tagging.expand_inputs = listing
 sys.exit(main())
 """
 
@@ -270,13 +270,13 @@ def test_without_output_dir_several_inputs_are_refused(random_model, corpus, cap
 
 def test_auto_chunks_come_from_the_corpus_size_alone_and_balance_two_processes():
     """--chunk-texts auto: 12,000 texts were 3 chunks of 4096, dealt 7,904 : 4,096 to two processes (docs/corpus.md)."""
-    sizes = {texts: ner.corpus.chunk_texts_for(None, texts) for texts in (7, 12_000, 40_000, 100_000, 10_000_000)}
+    sizes = {texts: ner.corpus.tagging.chunk_texts_for(None, texts) for texts in (7, 12_000, 40_000, 100_000, 10_000_000)}
     assert sizes == {7: 2048, 12_000: 2048, 40_000: 2500, 100_000: 4096, 10_000_000: 4096}
     for texts in (12_000, 40_000, 100_000):
-        plan = ner.corpus.Plan(texts, sizes[texts], frozenset())
+        plan = ner.corpus.tagging.Plan(texts, sizes[texts], frozenset())
         dealt = [sum(plan.size(k) for k in plan.mine(rank, 2)) for rank in (0, 1)]
         assert sum(dealt) == texts and min(dealt) / max(dealt) > 0.9
-    assert ner.corpus.chunk_texts_for(4, 12_000) == 4  # a number given is kept
+    assert ner.corpus.tagging.chunk_texts_for(4, 12_000) == 4  # a number given is kept
     args = build_parser().parse_args(["m", "x.txt", "--output-dir", "o", "--chunk-texts", "auto"])
     assert args.chunk_texts is None
 
@@ -403,19 +403,19 @@ def two_ranks(monkeypatch, argv: list[str], timeout_s: float = 30) -> tuple[list
     """tag_corpus as ranks 0 and 1 (threads): each rank's exit code (or exception), and the events."""
     slots, barrier, outcomes, events = [None, None], threading.Barrier(2, timeout=timeout_s), [None, None], []
     monkeypatch.setattr(ner.backends, "inference_backend", lambda timeout_s: RANK.backend)
-    real_report = ner.corpus.report
+    real_report = ner.corpus.tagging.report
 
     def slow_report(exc: Exception, rank: int) -> int:
         time.sleep(0.3 if rank == 0 else 0)  # a slow printer: the other rank must not end before it has printed
         events.append(("report", rank, str(exc)))
         return real_report(exc, rank)
 
-    monkeypatch.setattr(ner.corpus, "report", slow_report)
+    monkeypatch.setattr(ner.corpus.tagging, "report", slow_report)
 
     def rank_main(rank: int) -> None:
         RANK.backend = FakeRank(rank, slots, barrier, events)
         try:
-            outcomes[rank] = ner.corpus.tag_corpus(build_parser().parse_args(argv))
+            outcomes[rank] = ner.corpus.tagging.tag_corpus(build_parser().parse_args(argv))
         except Exception as exc:  # noqa: BLE001 - the outcome under test
             outcomes[rank] = exc
 
@@ -462,7 +462,7 @@ def test_two_fake_ranks_write_the_same_bytes_as_one_process(random_model, corpus
 def test_an_unexpected_error_listing_inputs_on_one_rank_reaches_every_rank(random_model, corpus, tmp_path,
                                                                            monkeypatch, capsys):
     gone = FileNotFoundError(2, "No such file or directory", "in/b.txt")
-    monkeypatch.setattr(ner.corpus, "expand_inputs", fails_on(1, ner.corpus.expand_inputs, gone))
+    monkeypatch.setattr(ner.corpus.tagging, "expand_inputs", fails_on(1, ner.corpus.tagging.expand_inputs, gone))
     outcomes, events = two_ranks(monkeypatch, corpus_argv(random_model, corpus, tmp_path / "out"))
     assert reached_every_rank(outcomes, events, capsys) == (
         "process 1 of 2: FileNotFoundError: [Errno 2] No such file or directory: 'in/b.txt'")
@@ -470,8 +470,8 @@ def test_an_unexpected_error_listing_inputs_on_one_rank_reaches_every_rank(rando
 
 
 def test_an_error_in_rank_0s_folder_check_reaches_every_rank(random_model, corpus, tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(ner.corpus, "model_identity",
-                        fails_on(0, ner.corpus.model_identity, PermissionError(13, "Permission denied", "w.bin")))
+    monkeypatch.setattr(ner.corpus.tagging, "model_identity",
+                        fails_on(0, ner.corpus.tagging.model_identity, PermissionError(13, "Permission denied", "w.bin")))
     outcomes, events = two_ranks(monkeypatch, corpus_argv(random_model, corpus, tmp_path / "out"))
     assert reached_every_rank(outcomes, events, capsys) == (
         "process 0 of 2: PermissionError: [Errno 13] Permission denied: 'w.bin'")
@@ -480,7 +480,7 @@ def test_an_error_in_rank_0s_folder_check_reaches_every_rank(random_model, corpu
 def test_an_error_while_tagging_on_one_rank_reaches_every_rank_after_the_others_finish(random_model, corpus,
                                                                                         tmp_path, monkeypatch,
                                                                                         capsys):
-    monkeypatch.setattr(ner.corpus, "tag_chunk", fails_on(1, ner.corpus.tag_chunk, RuntimeError("out of memory")))
+    monkeypatch.setattr(ner.corpus.tagging, "tag_chunk", fails_on(1, ner.corpus.tagging.tag_chunk, RuntimeError("out of memory")))
     outcomes, events = two_ranks(monkeypatch, corpus_argv(random_model, corpus, tmp_path / "out"))
     assert reached_every_rank(outcomes, events, capsys) == "process 1 of 2: RuntimeError: out of memory"
     # rank 0's chunks (0 and 2 of 3) are written, kept for the rerun; rank 1's is not; nothing merged
@@ -488,14 +488,14 @@ def test_an_error_while_tagging_on_one_rank_reaches_every_rank_after_the_others_
 
 
 def test_an_error_merging_on_rank_0_reaches_every_rank(random_model, corpus, tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(ner.corpus, "merge_parts", fails_on(0, ner.corpus.merge_parts, OSError(28, "No space left")))
+    monkeypatch.setattr(ner.corpus.tagging, "merge_parts", fails_on(0, ner.corpus.tagging.merge_parts, OSError(28, "No space left")))
     outcomes, events = two_ranks(monkeypatch, corpus_argv(random_model, corpus, tmp_path / "out"))
     assert reached_every_rank(outcomes, events, capsys) == "process 0 of 2: OSError: [Errno 28] No space left"
 
 
 def test_ranks_that_would_compute_differently_are_refused_naming_the_setting(random_model, corpus, tmp_path,
                                                                             monkeypatch, capsys):
-    monkeypatch.setattr(ner.corpus, "intra_op_threads", lambda runtime: 1 + RANK.backend.process_index)
+    monkeypatch.setattr(ner.corpus.tagging, "intra_op_threads", lambda runtime: 1 + RANK.backend.process_index)
     outcomes, events = two_ranks(monkeypatch, corpus_argv(random_model, corpus, tmp_path / "out"))
     error = reached_every_rank(outcomes, events, capsys)
     assert "threads: 1 in process 0, 2 in process 1" in error and "OMP_NUM_THREADS" in error
@@ -506,7 +506,7 @@ def test_ranks_that_would_compute_differently_are_refused_naming_the_setting(ran
 def test_ray_data_map_batches_gives_the_single_process_entities(random_model, corpus, tmp_path):
     """Ray started for real on this machine (a one-node cluster on loopback), CPU only."""
     ray = pytest.importorskip("ray")
-    from ner.corpus import RayTagger
+    from ner.corpus.tagging import RayTagger
 
     out = tmp_path / "out"
     assert tag(random_model, out, corpus["first"], corpus["second"], extra=("--chunk-texts", "4", "--merge")) == 0
@@ -529,7 +529,7 @@ def test_ray_tagger_refuses_a_missing_text_with_its_row(random_model):
     """Ray Data hands a batch as columns; None there was tagged as the text "None"."""
     import numpy as np
 
-    from ner.corpus import RayTagger
+    from ner.corpus.tagging import RayTagger
     from ner.errors import UserError
 
     tagger = RayTagger(str(random_model), precision="no")

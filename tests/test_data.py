@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from ner.data import (
+from ner.data.examples import (
     Example,
     build_label_list,
     check_known_labels,
@@ -16,8 +16,8 @@ from ner.data import (
     to_iob2,
     to_iobes,
 )
+from ner.data.formats import read_examples
 from ner.errors import UserError
-from ner.formats import read_examples
 
 
 def test_conll_tolerates_crlf_bom_tabs_docstart_and_missing_final_newline(tmp_path):

@@ -16,8 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from ner.data import scheme_of_labels, to_iob2, to_iobes
-from ner.decode import Decoder
+from ner.data.examples import scheme_of_labels, to_iob2, to_iobes
+from ner.inference.decode import Decoder
 
 LABELS = {
     "iob2": ("O", "B-LOC", "I-LOC", "B-PER", "I-PER"),
@@ -144,7 +144,7 @@ def test_an_iob1_model_folder_without_training_args_is_decoded_under_iob1(random
     import json
     import shutil
 
-    from ner.infer import Tagger
+    from ner.inference.tagger import Tagger
 
     assert not (random_model / "training_args.json").exists()
     with caplog.at_level(logging.WARNING, logger="ner"):
@@ -162,8 +162,8 @@ def test_an_iob1_model_folder_without_training_args_is_decoded_under_iob1(random
 
 def test_tags_to_entities_by_characters_or_by_word_indices():
     """The one tags -> entities step (infer.entities): raw text gets character offsets, given words get indices."""
-    from ner.infer import entities, word_positions
-    from ner.text import split_words
+    from ner.data.text import split_words
+    from ner.inference.tagger import entities, word_positions
 
     text = "Ada  Lovelace met Grace Hopper."
     tags = ["B-PER", "I-PER", "O", "I-PER", "B-PER", "O"]  # seqeval's reading: I- after O starts an entity
@@ -180,7 +180,7 @@ def test_tags_to_entities_by_characters_or_by_word_indices():
 
 
 def test_entity_types_of_a_label_list():
-    from ner.data import entity_types
+    from ner.data.examples import entity_types
 
     assert entity_types(["O", "B-PER", "I-PER", "S-LOC", "E-MISC", "B-ORG-X"]) == ["LOC", "MISC", "ORG-X", "PER"]
     assert entity_types(["O"]) == []
@@ -193,12 +193,12 @@ ODD_TAGS = ["O", "B-PER", "I-PER", "E-PER", "S-PER", "B-LOC", "I-LOC", "E-LOC", 
 @given(st.lists(st.sampled_from(ODD_TAGS), max_size=12))
 @settings(max_examples=400, derandomize=True, deadline=None, database=None)
 def test_entities_are_read_from_tags_exactly_as_seqeval_reads_them(tags):
-    """ner.decode.get_entities (no scikit-learn import) against seqeval's, on any sequence of these labels."""
+    """ner.data.tags.get_entities (no scikit-learn import) against seqeval's, on any sequence of these labels."""
     import warnings
 
     from seqeval.metrics.sequence_labeling import get_entities as seqeval_entities
 
-    from ner.decode import get_entities
+    from ner.data.tags import get_entities
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # seqeval warns about the non-NE labels drawn here
@@ -210,7 +210,7 @@ def test_reading_tags_imports_no_scikit_learn():
     import subprocess
     import sys
 
-    code = ("import sys; import ner.predict, ner.serve, ner.infer; from ner.decode import get_entities; "
+    code = ("import sys; import ner.predict, ner.serve, ner.inference.tagger; from ner.data.tags import get_entities; "
             "get_entities(['B-PER']); print('sklearn' in sys.modules, 'seqeval.metrics' in sys.modules)")
     ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert ran.returncode == 0, ran.stderr

@@ -21,9 +21,9 @@ from conftest import python_module, read_state, run_cli, tiny_args
 from safetensors.torch import load_file
 
 from ner import train as train_cli
-from ner.checkpoint import list_checkpoints
-from ner.hooks import count_without_improvement
-from ner.loop import TrainState
+from ner.training.checkpoint import list_checkpoints
+from ner.training.hooks import count_without_improvement
+from ner.training.loop import TrainState
 
 PLANNED_UPDATES = 48  # 6 epochs x 8 updates (15 batches, 2 per update)
 EVAL_STEPS = 4

@@ -7,9 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ner.batching import TokenBudgetBatchSampler, inference_batches
-from ner.data import Example
-from ner.encode import (
+from ner.data.batching import TokenBudgetBatchSampler, inference_batches
+from ner.data.encode import (
     IGNORE_INDEX,
     cached_encode,
     collate,
@@ -19,6 +18,7 @@ from ner.encode import (
     plan_context_windows,
     plan_windows,
 )
+from ner.data.examples import Example
 
 LABELS = ["O", "B-LOC", "I-LOC", "B-PER", "I-PER"]
 LABEL2ID = {label: i for i, label in enumerate(LABELS)}
@@ -138,13 +138,13 @@ def test_collate_rounds_the_width_and_masks_the_extra_padding(tokenizer):
 
 
 def test_tokenisation_cache_is_keyed_by_the_encoding_code(tokenizer, tmp_path, monkeypatch):
-    import ner.encode
+    import ner.data.encode
 
     examples = [Example(["Ada", "visited", "London"], ["B-PER", "O", "B-LOC"], "x")]
     first = cached_encode(examples, tokenizer, LABEL2ID, 32, cache_dir=tmp_path)
     assert cached_encode(examples, tokenizer, LABEL2ID, 32, cache_dir=tmp_path) == first
     assert len(list(tmp_path.glob("*.npz"))) == 1  # the second call was a hit
-    monkeypatch.setattr(ner.encode, "_encoder_source_digest", lambda: "the encoding code after an edit")
+    monkeypatch.setattr(ner.data.encode, "_encoder_source_digest", lambda: "the encoding code after an edit")
     cached_encode(examples, tokenizer, LABEL2ID, 32, cache_dir=tmp_path)
     assert len(list(tmp_path.glob("*.npz"))) == 2  # a miss: the old entry is not trusted
 
@@ -152,7 +152,7 @@ def test_tokenisation_cache_is_keyed_by_the_encoding_code(tokenizer, tmp_path, m
 def test_tests_use_a_private_tokenisation_cache(private_tokenization_cache):
     from pathlib import Path
 
-    from ner.config import tokenization_cache_dir
+    from ner.training.config import tokenization_cache_dir
 
     assert tokenization_cache_dir("auto") == private_tokenization_cache / "features"
     assert not tokenization_cache_dir("auto").is_relative_to(Path.home() / ".cache")

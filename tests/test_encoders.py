@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ner import train as train_cli
-from ner.model import load_tokenizer
+from ner.training.model import load_tokenizer
 
 RAW = ["Angela Merkel met Emmanuel Macron in Paris on Monday.", "",
        "Shares of Acme Corp. rose 3.5% in São Paulo after O'Neill's talk \U0001F600 there."]
@@ -57,7 +57,7 @@ def test_pre_split_words_get_their_running_text_pieces(family):
 
 def test_trains_evaluates_and_tags_raw_text_with_exact_offsets(trained, tiny_data):
     from ner.evaluate import main as evaluate_main
-    from ner.infer import Tagger
+    from ner.inference.tagger import Tagger
 
     name, _, out = trained
     assert (out / "final" / "model.safetensors").is_file() and json.loads((out / "final" / "metrics.json").read_text())
@@ -90,7 +90,7 @@ def test_resumes_and_trains_under_raw_ddp(trained, tiny_data, tmp_path):
 def test_exports_to_onnx_past_its_parity_check(trained, tmp_path):
     pytest.importorskip("onnxruntime")
     from ner.export import main as export_main
-    from ner.infer import Tagger
+    from ner.inference.tagger import Tagger
 
     name, _, out = trained
     assert export_main([str(out / "final"), str(tmp_path / "onnx"), "--onnx"]) == 0, name
@@ -109,8 +109,8 @@ def test_int8_rewrite_gives_each_row_its_own_scales(trained, tmp_path):
     import numpy as np
 
     from ner.export import main as export_main
-    from ner.export_onnx import quantize_int8
-    from ner.runtime import onnx_session
+    from ner.inference.onnx_export import quantize_int8
+    from ner.inference.runtime import onnx_session
 
     name, _, out = trained
     assert export_main([str(out / "final"), str(tmp_path / "onnx"), "--onnx"]) == 0, name
@@ -132,7 +132,7 @@ def test_serves_tags_a_corpus_and_answers_label_studio(trained, tmp_path):
     pytest.importorskip("fastapi")
     from fastapi.testclient import TestClient
 
-    from ner.infer import Tagger
+    from ner.inference.tagger import Tagger
     from ner.predict import main as predict_main
     from ner.serve import Limits, create_app
 
@@ -159,7 +159,7 @@ def test_serves_tags_a_corpus_and_answers_label_studio(trained, tmp_path):
 def test_bf16_on_the_cpu_trains_and_tags(name, tiny_data, tmp_path):
     """DeBERTa's attention has had dtype faults under autocast (relative-position scores built in fp32 meeting
     bf16 queries); ModernBERT's unpadded attention likewise: both train and tag in bf16 on the CPU."""
-    from ner.infer import Tagger
+    from ner.inference.tagger import Tagger
 
     encoder = build_encoder(name, tmp_path / name)
     out = tmp_path / "run"

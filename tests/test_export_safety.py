@@ -13,14 +13,14 @@ from types import SimpleNamespace
 import pytest
 from conftest import python_module, run_cli, tiny_args
 
-import ner.export_onnx
-from ner import checkpoint as ckpt
+import ner.inference.onnx_export
 from ner import files
 from ner import train as train_cli
 from ner.errors import UserError
-from ner.export import EXPORT_LISTING, export_checkpoint
 from ner.export import main as export_main
-from ner.run import claim_output_dir
+from ner.training import checkpoint as ckpt
+from ner.training.export import EXPORT_LISTING, export_checkpoint
+from ner.training.run import claim_output_dir
 
 
 def list_as_export(folder):
@@ -125,7 +125,7 @@ def test_a_failing_export_keeps_the_old_one_whole(export, tmp_path, monkeypatch,
         (folder / "model.onnx").write_bytes(b"half a graph")
         raise UserError("ONNX export differs from PyTorch")
 
-    monkeypatch.setattr(ner.export_onnx, "write_onnx", broken)
+    monkeypatch.setattr(ner.inference.onnx_export, "write_onnx", broken)
     assert export_main([str(export), str(out), "--onnx", "--overwrite"]) == 2
     assert "ONNX export differs" in one_error_line(capsys)
     assert snapshot(out) == before
@@ -137,7 +137,7 @@ def test_export_in_place_adds_onnx_without_overwrite(export, monkeypatch):
         (folder / "model.onnx").write_bytes(b"graph")
         return {"max_logit_diff": 0.0}
 
-    monkeypatch.setattr(ner.export_onnx, "write_onnx", fake)
+    monkeypatch.setattr(ner.inference.onnx_export, "write_onnx", fake)
     weights = (export / "model.safetensors").read_bytes()
     assert export_main([str(export), str(export), "--onnx"]) == 0
     assert (export / "model.onnx").read_bytes() == b"graph"
@@ -177,7 +177,7 @@ def test_a_readme_of_yours_in_an_export_is_replaced_only_with_overwrite_and_name
         (folder / "model.onnx").write_bytes(b"graph")
         return {"max_logit_diff": 0.0}
 
-    monkeypatch.setattr(ner.export_onnx, "write_onnx", fake_onnx)
+    monkeypatch.setattr(ner.inference.onnx_export, "write_onnx", fake_onnx)
     assert export_main([str(out), str(out), "--onnx"]) == 0  # in place: the export's files only
     assert (out / "README.md").read_text() == "# my model card\n" and (out / "model.onnx").is_file()
     assert "README.md" not in json.loads((out / EXPORT_LISTING).read_text())
@@ -206,7 +206,7 @@ def test_the_end_of_training_export_refuses_to_replace_a_card_no_record_shows_it
         (out / EXPORT_LISTING).write_text(json.dumps(listing))
     (out / "README.md").write_text("# my notes on this model\n")
     before, work = snapshot(tmp_path), []
-    monkeypatch.setattr(ner.export, "add_onnx", lambda *args: work.append(args))
+    monkeypatch.setattr(ner.training.export, "add_onnx", lambda *args: work.append(args))
     with pytest.raises(UserError, match=f"^{out / 'README.md'}: .*; nothing was changed: move it away"):
         export_checkpoint(checkpoint, out, update=True)
     assert snapshot(tmp_path) == before and work == []  # refused before the export's work
@@ -219,7 +219,7 @@ def test_a_card_of_yours_written_while_the_export_runs_is_not_replaced(checkpoin
     del listing["README.md"]
     (out / EXPORT_LISTING).write_text(json.dumps(listing))
     (out / "README.md").unlink()
-    monkeypatch.setattr(ner.export, "add_onnx", lambda *args: (out / "README.md").write_text("# mine\n"))
+    monkeypatch.setattr(ner.training.export, "add_onnx", lambda *args: (out / "README.md").write_text("# mine\n"))
     with pytest.raises(UserError, match=f"^{out / 'README.md'}: not written by an export"):
         export_checkpoint(checkpoint, out, update=True)
     assert (out / "README.md").read_text() == "# mine\n"

@@ -18,7 +18,7 @@ from conftest import read_state, tiny_args
 from safetensors.torch import load_file
 
 from ner import train as train_cli
-from ner.checkpoint import list_checkpoints
+from ner.training.checkpoint import list_checkpoints
 
 
 def cpu_autocasts_fp16() -> bool:

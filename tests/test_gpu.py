@@ -9,14 +9,14 @@ from __future__ import annotations
 import pytest
 from conftest import python_module, read_state, run_cli, tiny_args
 
-from ner.checkpoint import list_checkpoints
-from ner.data import read_conll
+from ner.data.examples import read_conll
+from ner.training.checkpoint import list_checkpoints
 
 pytestmark = pytest.mark.gpu
 
 
 def test_trains_on_cuda_and_its_export_tags_the_same_on_cpu(tiny_bert, tiny_data, tmp_path):
-    from ner.infer import Tagger
+    from ner.inference.tagger import Tagger
 
     out = tmp_path / "run"
     result = run_cli(python_module("ner.train", *tiny_args(tiny_bert, tiny_data, out, "--max-steps", "8")))

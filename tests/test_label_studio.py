@@ -19,9 +19,9 @@ httpx = pytest.importorskip("httpx")
 
 from fastapi.testclient import TestClient  # noqa: E402
 
-from ner.infer import model_version  # noqa: E402
-from ner.label_studio import ConfigError, Target, map_types, parse_label_config  # noqa: E402
+from ner.inference.tagger import model_version  # noqa: E402
 from ner.serve import Limits, create_app  # noqa: E402
+from ner.serving.label_studio import ConfigError, Target, map_types, parse_label_config  # noqa: E402
 
 NER_CONFIG = """<View>
   <Labels name="label" toName="text">
@@ -41,7 +41,7 @@ def tasks_of(texts: list[str], field: str = "text") -> list[dict]:
 
 @pytest.fixture(scope="module")
 def tagger(random_model):
-    from ner.infer import Tagger
+    from ner.inference.tagger import Tagger
 
     return Tagger(random_model, precision="no")
 
@@ -154,7 +154,7 @@ def test_predict_maps_types_to_the_project_and_counts_the_dropped(client, tagger
     kept = sum(e["type"] == "PER" for r in expected for e in r["entities"])
     dropped = sum(e["type"] != "PER" for r in expected for e in r["entities"])
     assert kept and dropped
-    with caplog.at_level(logging.INFO, logger="ner.label_studio"):
+    with caplog.at_level(logging.INFO, logger="ner.serving.label_studio"):
         results = predict(client, TEXTS, config, field="body")
     regions = [region for answer in results for region in answer["result"]]
     assert len(regions) == kept
@@ -200,7 +200,7 @@ def test_bad_bodies_get_422_with_a_json_error(client, path, body, says):
 
 
 def test_webhook_is_accepted_and_logged(client, caplog):
-    with caplog.at_level(logging.INFO, logger="ner.label_studio"):
+    with caplog.at_level(logging.INFO, logger="ner.serving.label_studio"):
         response = client.post("/label-studio/webhook", json={"action": "ANNOTATION_CREATED", "project": {"id": 3}})
     assert response.status_code == 200
     assert "ANNOTATION_CREATED (project 3)" in caplog.text
@@ -288,7 +288,7 @@ def test_start_training_fine_tunes_the_served_model_and_swaps_it_in(retraining_a
         assert client.post("/label-studio/setup", json={}).json() == {"model_version": after}
         [answer] = predict(client, [TEXTS[0]])
         assert answer["model_version"] == after
-        from ner.infer import Tagger
+        from ner.inference.tagger import Tagger
 
         expected = Tagger(new_dir).predict([TEXTS[0]])[0]["entities"]
         assert [(r["value"]["start"], r["value"]["end"]) for r in answer["result"]] == [
@@ -338,7 +338,7 @@ def test_every_n_new_annotations_start_a_training(retraining_app):
 
 
 def test_a_swap_during_a_request_tags_it_again_with_the_new_model(tagger, random_model, tmp_path):
-    from ner.label_studio import Backend
+    from ner.serving.label_studio import Backend
 
     calls = []
 
@@ -438,7 +438,7 @@ def test_setup_never_changes_where_exports_come_from(tagger, random_model, monke
     monkeypatch.setenv("LABEL_STUDIO_API_KEY", "server-key")
     app = create_app(tagger, random_model, Limits(), label_studio=True)
     retrainer = app.state.label_studio.retrainer
-    with caplog.at_level(logging.WARNING, logger="ner.label_studio"):
+    with caplog.at_level(logging.WARNING, logger="ner.serving.label_studio"):
         retrainer.confirm({"hostname": "http://elsewhere.test", "access_token": "other"})
     assert (retrainer.options.url, retrainer.options.api_key) == ("http://label-studio.internal", "server-key")
     assert "http://elsewhere.test" in caplog.text and "LABEL_STUDIO_URL" in caplog.text
@@ -534,7 +534,7 @@ def test_a_flood_of_webhooks_on_two_workers_trains_one_at_a_time_keeps_few_runs_
 
 def test_a_swapped_model_is_loaded_with_the_servers_own_options(random_model):
     """The retrained export is loaded as the served one was: runtime, precision, context, decode, window."""
-    from ner.infer import Tagger
+    from ner.inference.tagger import Tagger
 
     served = Tagger(random_model, precision="no", max_seq_length=24, context="none", decode="argmax")
     app = create_app(served, random_model, Limits(), label_studio=True)
@@ -576,7 +576,7 @@ def test_a_second_training_within_the_minimum_interval_is_refused(tagger, random
     monkeypatch.setenv("NER_RETRAIN_MIN_INTERVAL_S", "3600")
     app = worker_app(tagger, random_model, [])
     app.state.label_studio.retrainer.command = lambda export, run_dir: [sys.executable, "-c", "pass"]
-    with TestClient(app) as client, caplog.at_level(logging.INFO, logger="ner.label_studio"):
+    with TestClient(app) as client, caplog.at_level(logging.INFO, logger="ner.serving.label_studio"):
         assert client.post("/label-studio/train", json={"project": 4}).json()["training"] is True
         wait_for_training(client)
         assert client.post("/label-studio/train", json={"project": 4}).json()["training"] is False

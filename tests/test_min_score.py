@@ -9,9 +9,9 @@ import pytest
 from conftest import tiny_args
 
 from ner import train as train_cli
-from ner.config import parse_min_score
 from ner.errors import UserError
-from ner.infer import Tagger
+from ner.inference.options import parse_min_score
+from ner.inference.tagger import Tagger
 from ner.predict import main as predict_main
 
 TEXTS = ["Ada Lovelace visited London on Monday.", "Shares of Acme Corp rose in Paris after Alan Turing spoke.",

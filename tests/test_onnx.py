@@ -14,13 +14,13 @@ import torch
 
 pytest.importorskip("onnxruntime")
 
-from ner import export_onnx  # noqa: E402
-from ner import runtime as runtimes  # noqa: E402
-from ner.data import Example, read_conll  # noqa: E402
-from ner.encode import CASING_SCHEME, LEGACY_CASING_SCHEME  # noqa: E402
+from ner.data.encode import CASING_SCHEME, LEGACY_CASING_SCHEME  # noqa: E402
+from ner.data.examples import Example, read_conll  # noqa: E402
 from ner.evaluate import main as evaluate_main  # noqa: E402
 from ner.export import main as export_main  # noqa: E402
-from ner.infer import Tagger  # noqa: E402
+from ner.inference import onnx_export as export_onnx  # noqa: E402
+from ner.inference import runtime as runtimes  # noqa: E402
+from ner.inference.tagger import Tagger  # noqa: E402
 from ner.predict import main as predict_main  # noqa: E402
 from ner.serve import build_parser as serve_parser  # noqa: E402
 from tests.conftest import ROOT, python_module, run_cli  # noqa: E402
@@ -263,7 +263,7 @@ SERVE_ONCE = textwrap.dedent("""
     import json, sys
     from pathlib import Path
     from fastapi.testclient import TestClient
-    from ner.infer import Tagger
+    from ner.inference.tagger import Tagger
     from ner.serve import create_app
     model_dir, runtime, text = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
     with TestClient(create_app(Tagger(model_dir, runtime=runtime), model_dir)) as client:

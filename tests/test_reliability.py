@@ -13,7 +13,7 @@ import torch
 from conftest import python_module, read_state, run_cli, tiny_args
 from safetensors.torch import load_file
 
-from ner import checkpoint as ckpt
+from ner.training import checkpoint as ckpt
 
 KILL_STEP = 20  # epoch 1 (15 updates an epoch on 1 rank), in the middle of it
 
@@ -145,9 +145,9 @@ def test_rotation_keeps_newest_complete_and_best_and_ignores_incomplete(saved_ru
 
 
 def test_resume_check_reads_options_missing_from_older_checkpoints_as_their_old_behaviour(tmp_path):
-    from ner.checkpoint import check_compatible
-    from ner.config import TrainConfig
     from ner.errors import UserError
+    from ner.training.checkpoint import check_compatible
+    from ner.training.config import TrainConfig
 
     config = TrainConfig().to_dict()
     older = {"config": {k: v for k, v in config.items() if k != "pad_to_multiple_of"}, "label_list": ["O"],

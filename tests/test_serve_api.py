@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, settings  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from ner.serve import Limits, create_app  # noqa: E402
-from ner.serve_metrics import ServeMetrics  # noqa: E402
+from ner.serving.metrics import ServeMetrics  # noqa: E402
 from ner.testing import free_local_port, wait_until_healthy  # noqa: E402
 
 TEXTS = ["Ada Lovelace visited London on Monday.", "Shares of Acme Corp rose in Paris."]
@@ -33,7 +33,7 @@ KEY = "s3cret-key"
 
 @pytest.fixture(scope="module")
 def tagger(random_model):
-    from ner.infer import Tagger
+    from ner.inference.tagger import Tagger
 
     return Tagger(random_model, precision="no")
 
@@ -64,7 +64,7 @@ def moved(before: dict, after: dict, name: str, **labels: str) -> float:
 # ----------------------------------------------------------------------------- metrics
 
 def test_metrics_count_requests_batches_texts_and_words(client):
-    from ner.text import split_words
+    from ner.data.text import split_words
 
     before = scrape(client)
     assert client.post("/predict", json={"texts": TEXTS}).status_code == 200
@@ -91,7 +91,7 @@ def test_metrics_count_requests_batches_texts_and_words(client):
 def test_a_worker_that_ends_leaves_the_queue_gauge(tmp_path):
     """With --workers, each worker's queue gauge is a file of its pid; an ended worker's goes (mark_process_dead),
     so the live sum no longer counts it. In a process of its own: prometheus-client reads the folder at import."""
-    worker = ("import os, sys; from ner.serve_metrics import ServeMetrics; m = ServeMetrics(queued_texts=lambda: 3); "
+    worker = ("import os, sys; from ner.serving.metrics import ServeMetrics; m = ServeMetrics(queued_texts=lambda: 3); "
               "m.refresh_queue(); print(len(os.listdir(sys.argv[1]))); m.process_ended(); "
               "print(sorted(os.listdir(sys.argv[1])))")
     ran = subprocess.run([sys.executable, "-c", worker, str(tmp_path)], capture_output=True, text=True, cwd=ROOT,
@@ -145,7 +145,7 @@ def test_queue_depth_is_the_texts_waiting(random_model):
 
 
 def test_the_batcher_events_move_their_counters():
-    """What the batcher reports on load shedding, timeouts and failures (ner.batcher.BatcherEvents)."""
+    """What the batcher reports on load shedding, timeouts and failures (ner.serving.batcher.BatcherEvents)."""
     metrics = ServeMetrics()
     metrics.shed(3)
     metrics.shed(2)

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from conftest import SHARED_CONLL, python_module, run_cli, tiny_args
 
-from ner.data import SAMPLE_DIR, read_conll, write_jsonl
+from ner.data.examples import SAMPLE_DIR, read_conll, write_jsonl
+from ner.data.formats import detect_format, read_examples
+from ner.data.spans import span_record
 from ner.errors import UserError
-from ner.formats import detect_format, read_examples
-from ner.spans import span_record
 
 LABEL_STUDIO = Path(__file__).parent / "data" / "label_studio_ner.json"
 
@@ -57,7 +57,7 @@ def test_offsets_counted_in_utf16_or_with_crlf_as_one_are_reread_by_the_span_tex
 def test_rereading_a_texts_offsets_reads_the_text_once_per_unit(tmp_path, caplog, monkeypatch):
     # 400 spans in UTF-16 units after astral characters, 400 with CRLF as one character: each way of counting
     # is tabled once for the text (the cost is linear), and every span lands on its words.
-    from ner import spans
+    from ner.data import spans
 
     built = []
     for name in ("_utf16_table", "_crlf_table"):
@@ -320,7 +320,7 @@ def test_predict_writes_spans_that_train_reads_back(random_model, tiny_data, tmp
     assert studio.returncode == 0, studio.stderr
     tasks = json.loads(studio.stdout)
     assert [t["data"]["id"] for t in tasks] == [7, 8] and "label" not in tasks[0]["data"]
-    from ner.infer import model_version  # the one name ner.serve gives the same model
+    from ner.inference.tagger import model_version  # the one name ner.serve gives the same model
 
     assert {t["predictions"][0]["model_version"] for t in tasks} == {model_version(random_model)}
     predicted = [r["value"] for t in tasks for r in t["predictions"][0]["result"]]

@@ -12,8 +12,8 @@ from conftest import ROOT, run_cli
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ner.data import Example, read_conll_documents
-from ner.text import split_whitespace, split_whitespace_punct, split_words
+from ner.data.examples import Example, read_conll_documents
+from ner.data.text import split_whitespace, split_whitespace_punct, split_words
 
 # (text, its words): accents composed and decomposed, curly quotes, emoji, CJK, odd spaces, invisible characters.
 TRICKY_WORDS = [
@@ -304,10 +304,10 @@ def unguarded_failing_scans(pattern: re.Pattern) -> list[str]:
 
 
 def test_no_splitting_rule_rescans_a_run_from_every_position():
-    import ner.text
+    import ner.data.text
 
-    patterns = [v for v in vars(ner.text).values() if isinstance(v, re.Pattern)]
-    assert ner.text.CONLL_PATTERN in patterns and len(patterns) >= 4
+    patterns = [v for v in vars(ner.data.text).values() if isinstance(v, re.Pattern)]
+    assert ner.data.text.CONLL_PATTERN in patterns and len(patterns) >= 4
     assert [p for pattern in patterns for p in unguarded_failing_scans(pattern)] == []
 
 

@@ -13,7 +13,7 @@ import pytest
 from conftest import python_module, run_cli, tiny_args
 
 from ner import train as train_cli
-from ner.config import TRACKERS
+from ner.backends.trackers import TRACKERS
 from ner.errors import UserError
 
 

@@ -10,8 +10,8 @@ import torch
 from conftest import tiny_args
 
 from ner import train as train_cli
-from ner.encode import CASING_TYPES
-from ner.model import build_model, head_layer
+from ner.data.encode import CASING_TYPES
+from ner.training.model import build_model, head_layer
 
 CHECKPOINT_LABELS = ["O", "B-PER", "I-PER", "B-MISC", "I-MISC"]
 DATA_LABELS = ["O", "B-LOC", "I-LOC", "B-ORG", "I-ORG", "B-PER", "I-PER"]  # the tiny data's, in build order

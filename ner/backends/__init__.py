@@ -1,6 +1,6 @@
 """The backend seam: everything that differs between Accelerate, raw DDP and DataParallel.
 
-The loop (ner/loop.py) calls only these methods, named as Accelerate names them, so the
+The loop (ner/training/loop.py) calls only these methods, named as Accelerate names them, so the
 Accelerate path reads like Accelerate's own examples and the raw paths show what it does.
 Only modules in this package import accelerate, torch.distributed, torch.nn.parallel or
 torch.multiprocessing (tests/test_layout.py enforces it).

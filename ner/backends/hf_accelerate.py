@@ -18,7 +18,7 @@ from accelerate import Accelerator
 from accelerate.utils import InitProcessGroupKwargs, gather_object
 
 from ner.backends import resolve_precision
-from ner.config import TRACKERS, report_trackers
+from ner.backends.trackers import TRACKERS, report_trackers
 from ner.errors import UserError
 
 log = logging.getLogger("ner")

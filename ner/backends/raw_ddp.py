@@ -129,7 +129,7 @@ class RawDDPBackend(_Collectives, RawPrecisionSteps):
 
 
 class InferenceGroup(_Collectives):
-    """The processes a launcher started for inference (ner/corpus.py): one model copy each on its own
+    """The processes a launcher started for inference (ner/corpus/tagging.py): one model copy each on its own
     device, no DDP wrapper; the collectives are the ones corpus tagging needs."""
 
     def __init__(self, timeout_s: float) -> None:

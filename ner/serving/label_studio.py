@@ -44,9 +44,9 @@ from pathlib import Path
 
 from ner.errors import UserError
 from ner.files import atomic_write_text
-from ner.infer import model_version
+from ner.inference.tagger import model_version
 
-log = logging.getLogger("ner.label_studio")
+log = logging.getLogger("ner.serving.label_studio")
 PREFIX = "/label-studio"
 SESSION_ENV = "NER_SERVE_SESSION"  # one server start: its workers share it (Retrainer.watch)
 
@@ -192,7 +192,7 @@ class Backend:
 
     def swap(self, tagger, model_dir: Path, version: str) -> None:
         """Serve a fully loaded `tagger` from now on; on the event loop, so no request sees half of it."""
-        from ner.data import entity_types
+        from ner.data.examples import entity_types
 
         self.swap_predict(tagger)
         self.model_dir, self.version = Path(model_dir), version

@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from ner.text import Word, split_words
+from ner.data.text import Word, split_words
 
 log = logging.getLogger("ner.serve")
 

@@ -20,11 +20,18 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from ner import checkpoint as ckpt
-from ner.analysis import entity_errors, format_errors
 from ner.backends import Backend
-from ner.batching import TokenBudgetBatchSampler
-from ner.config import (
+from ner.data.batching import TokenBudgetBatchSampler
+from ner.data.encode import cached_encode, collate_tensors, drop_casing, padded_lengths
+from ner.data.examples import Columns, build_label_list, check_known_labels, has_documents, write_predictions
+from ner.data.formats import Splits, load_splits
+from ner.errors import UserError, log_to_stderr
+from ner.inference.analysis import entity_errors, format_errors
+from ner.inference.decode import Decoder
+from ner.inference.tagger import EvalSet, build_eval_set, predict_tags
+from ner.metrics import entity_scores, format_scores
+from ner.training import checkpoint as ckpt
+from ner.training.config import (
     TrainConfig,
     resolve_auto,
     resolve_casing,
@@ -32,23 +39,10 @@ from ner.config import (
     tokenization_cache_dir,
     with_sample_data,
 )
-from ner.data import (
-    Columns,
-    build_label_list,
-    check_known_labels,
-    has_documents,
-    write_predictions,
-)
-from ner.decode import Decoder
-from ner.encode import cached_encode, collate_tensors, drop_casing, padded_lengths
-from ner.errors import UserError, log_to_stderr
-from ner.export import checkpoint_export_names, export_checkpoint, is_export, unrecorded
-from ner.formats import Splits, load_splits
-from ner.hooks import RunHooks
-from ner.infer import EvalSet, build_eval_set, predict_tags
-from ner.loop import TrainState, fit, updates_in_epoch
-from ner.metrics import entity_scores, format_scores
-from ner.model import (
+from ner.training.export import checkpoint_export_names, export_checkpoint, is_export, unrecorded
+from ner.training.hooks import RunHooks
+from ner.training.loop import TrainState, fit, updates_in_epoch
+from ner.training.model import (
     build_model,
     build_optimizer,
     build_scheduler,
@@ -57,7 +51,7 @@ from ner.model import (
     lowercases,
     takes_token_types,
 )
-from ner.plot import write_plots
+from ner.training.plots import write_plots
 
 log = logging.getLogger("ner")
 

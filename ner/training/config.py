@@ -20,22 +20,28 @@ from typing import Any
 
 import yaml
 
-from ner.data import SAMPLE_DIR
-from ner.decode import DECODERS
-from ner.encode import CASING_SCHEME
+from ner.backends.trackers import TRACKERS, report_trackers
+from ner.data.encode import CASING_SCHEME
+from ner.data.examples import SAMPLE_DIR
+from ner.data.formats import DATA_FORMATS
+from ner.data.spans import ALIGNMENTS
 from ner.errors import UserError
-from ner.formats import DATA_FORMATS
-from ner.spans import ALIGNMENTS
+from ner.inference.decode import DECODERS
+from ner.inference.options import (
+    AUTO_SENTENCES_PER_BATCH,
+    CONTEXTS,
+    MAX_SEQ_LENGTH,
+    PAD_TO_MULTIPLE_OF,
+    WINDOW_STRIDE_WORDS,
+    check_max_seq_length,
+    parse_min_score,
+)
 
 log = logging.getLogger("ner")
 
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
-PAD_TO_MULTIPLE_OF = 4  # batch widths; measured on CPU (docs/performance.md)
 BACKENDS = ("accelerate", "raw-ddp", "data-parallel")
-CONTEXTS = ("auto", "document", "none")
 CASINGS = ("auto", "types", "none")
-# Accelerate's trackers (accelerate.tracking.LOGGER_TYPE_TO_CLASS; a test keeps the two equal).
-TRACKERS = ("tensorboard", "wandb", "mlflow", "comet_ml", "aim", "clearml", "dvclive", "swanlab", "trackio")
 
 
 def _opt(default: Any, help: str, **extra: Any) -> Any:
@@ -65,8 +71,8 @@ class TrainConfig:
     tag_scheme: str = _opt("auto", "tag scheme of the input files", choices=("auto", "iob1", "iob2", "iobes"))
     convert_tags_to: str = _opt("none", "convert tags before training", choices=("none", "iob2", "iobes"))
     max_seq_length: int = _opt(
-        128, "subword tokens per window incl. [CLS]/[SEP]; longer sentences become overlapping windows")
-    window_stride_words: int = _opt(0, "words shared by consecutive windows of one long sentence "
+        MAX_SEQ_LENGTH, "subword tokens per window incl. [CLS]/[SEP]; longer sentences become overlapping windows")
+    window_stride_words: int = _opt(WINDOW_STRIDE_WORDS, "words shared by consecutive windows of one long sentence "
                                     "(0: a quarter of the window)")
     context: str = _opt(
         "auto", "document context: encode each sentence with neighbouring words of its document "
@@ -198,22 +204,10 @@ class TrainConfig:
         return Path(self.output_dir)
 
 
-def report_trackers(report_to: str) -> list[str]:
-    """--report-to as a list of tracker names: [] for none, ["all"] for all; anything else is an error."""
-    names = [name.strip() for name in report_to.split(",") if name.strip()]
-    if names in ([], ["none"]):
-        return []
-    unknown = [name for name in names if name not in (*TRACKERS, "all")]
-    if unknown or ("all" in names and len(names) > 1) or "none" in names:
-        raise UserError(f"--report-to {report_to}: expected none, all, or trackers separated by commas "
-                        f"from: {', '.join(TRACKERS)}")
-    return list(dict.fromkeys(names))
-
 
 # ----------------------------------------------------------------------------- auto values
 
 AUTO_TARGET_UPDATES, AUTO_MIN_EPOCHS, AUTO_MAX_EPOCHS = 1500, 3, 10
-AUTO_SENTENCES_PER_BATCH = 32
 
 
 def auto_batch_size(sentences_per_window: float) -> int:
@@ -286,103 +280,12 @@ def resolve_casing(cfg: TrainConfig, lowercases: bool, takes_token_types: bool) 
     return dataclasses.replace(cfg, casing=chosen, casing_scheme=CASING_SCHEME if chosen == "types" else None)
 
 
-# Padded tokens per inference forward pass. Every pass of padded width W runs with exactly max_tokens // W rows
-# (encode.fixed_shape_plan: a text's answer never depends on its batch neighbours), so a short batch is filled
-# and a lone text costs the whole budget. 512 tagged corpora fastest and lone texts within 3x of one row, in
-# bf16 and fp32 on CPU, against 8,192 (a lone text 33x slower) and one row a pass (docs/performance.md).
-INFERENCE_TOKENS_PER_FORWARD = 512
-# (windows, padded tokens) per inference forward pass by device type, where --batch-size / --max-tokens are not
-# given. A GPU runs a pass of 512 tokens no faster than one of thousands (kernel launches dominate), so it gets
-# a budget of its own, measured on an H200 (docs/performance.md, "On a GPU").
-INFERENCE_BUDGETS = {"cpu": (AUTO_SENTENCES_PER_BATCH * 2, INFERENCE_TOKENS_PER_FORWARD), "cuda": (1024, 8192)}
-
-
-def inference_budget(device_type: str, max_sentences: int | None = None,
-                     max_tokens: int | None = None) -> tuple[int, int]:
-    """(windows, padded tokens) per forward pass: what was given, else the device type's default."""
-    rows, tokens = INFERENCE_BUDGETS.get(device_type, INFERENCE_BUDGETS["cpu"])
-    return max_sentences or rows, tokens if max_tokens is None else max_tokens
-
-
-def inference_batch_limits(batch_size: int, max_tokens: int) -> tuple[int, int]:
-    """(windows, padded tokens) per inference forward pass for a training run's evaluation: no activations
-    are kept for a backward pass, so twice the training micro-batch would fit; the token budget is capped at
-    INFERENCE_TOKENS_PER_FORWARD, the fixed-shape passes' measured best."""
-    return batch_size * 2, min(max_tokens * 2, INFERENCE_TOKENS_PER_FORWARD) if max_tokens > 0 else 0
-
-
-
-RUNTIMES = ("torch", "onnx", "onnx-int8")  # what computes the logits at inference (ner/runtime.py)
-
-
-MIN_SEQ_LENGTH = 8  # [CLS], [SEP] and a few words
-
-
-def check_max_seq_length(value: int, max_positions: int | None = None) -> None:
-    """Training and inference windows: at least MIN_SEQ_LENGTH tokens, at most the model's positions."""
-    if value < MIN_SEQ_LENGTH:
-        raise UserError(f"--max-seq-length {value} is too small: a window needs [CLS], [SEP] and a few words "
-                        f"(use {MIN_SEQ_LENGTH} or more" + (f", up to {max_positions})" if max_positions else ")"))
-    if max_positions is not None and value > max_positions:
-        raise UserError(f"--max-seq-length {value} is longer than the model's {max_positions} positions "
-                        f"(use {MIN_SEQ_LENGTH} to {max_positions})")
-
-
-def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    """How an exported model is run (ner.predict, ner.evaluate, ner.serve); defaults: as it was trained."""
-    parser.add_argument("--max-seq-length", type=int, default=None,
-                        help="tokens per window (default: the value the model was trained with)")
-    parser.add_argument("--context", choices=CONTEXTS, default="auto",
-                        help="document context (default auto: where the model was trained with it and the "
-                             "input has documents, e.g. CoNLL -DOCSTART- lines)")
-    parser.add_argument("--decode", choices=DECODERS, default=None,
-                        help="viterbi: only tag sequences the scheme allows; argmax: best tag per word "
-                             "(default: what the model was trained with, viterbi for new models)")
-    parser.add_argument("--mixed-precision", choices=("auto", "no", "bf16"), default="auto",
-                        help="autocast dtype (default: auto, bf16 where supported)")
-    parser.add_argument("--min-score", action="append", default=None, metavar="SCORE|TYPE=SCORE",
-                        help="drop entities scored below SCORE, overall or for one type (PER=0.8); repeatable "
-                             "(default: the model's, from training's --min-score, else none)")
-    parser.add_argument("--runtime", choices=RUNTIMES, default="torch",
-                        help="torch (default); onnx / onnx-int8: onnxruntime (CUDA where it has the provider and "
-                             "the device is a GPU, else the CPU) over model.onnx / model.int8.onnx, written by "
-                             "python -m ner.export MODEL_DIR OUT --onnx --quantize int8")
-
-
-def parse_min_score(spec: str | list[str] | None) -> dict[str, float]:
-    """--min-score "0.5,PER=0.8" (or the flag repeated) -> {"": 0.5, "PER": 0.8}; "" is every other type."""
-    parts = [p.strip() for item in ([spec] if isinstance(spec, str) else spec or []) for p in item.split(",")]
-    thresholds: dict[str, float] = {}
-    for part in filter(None, parts):
-        kind, _, value = part.rpartition("=")
-        try:
-            score = float(value)
-        except ValueError:
-            score = -1.0
-        if not 0.0 <= score <= 1.0 or "=" in kind:
-            raise UserError(f"--min-score {part}: expected a score in [0, 1], overall (0.5) or for one type "
-                            "(PER=0.8)")
-        thresholds[kind.strip()] = score
-    return thresholds
-
-
 def add_data_arguments(parser: argparse.ArgumentParser) -> None:
     """How data files are read (ner.evaluate); ner.train takes the same from TrainConfig."""
     for name in ("data_format", "span_alignment"):
         spec = next(f for f in dataclasses.fields(TrainConfig) if f.name == name)
         parser.add_argument(f"--{_flag(name)}", choices=spec.metadata["choices"], default=spec.default,
                             help=spec.metadata["help"] + f" (default: {spec.default})")
-
-
-def add_inference_arguments(parser: argparse.ArgumentParser) -> None:
-    """The model options plus batch limits, for the commands that tag files (ner.predict, ner.evaluate)."""
-    add_model_arguments(parser)
-    budgets = "; ".join(f"{rows} / {tokens} on {kind}" for kind, (rows, tokens) in INFERENCE_BUDGETS.items())
-    parser.add_argument("--batch-size", type=int, default=None,
-                        help=f"windows per forward pass at most (default, with --max-tokens: {budgets})")
-    parser.add_argument("--max-tokens", type=int, default=None,
-                        help="padded tokens per forward pass: every pass of padded width W has max_tokens // W rows "
-                             "(at most --batch-size), whatever else is tagged (default: by device, as --batch-size)")
 
 
 def with_sample_data(cfg: TrainConfig) -> TrainConfig:

@@ -1,12 +1,12 @@
 """Which reader a data file needs, and reading the splits: the one place that knows every format.
 
-    from ner.formats import read_examples
+    from ner.data.formats import read_examples
     examples = read_examples("train.jsonl")                        # the format found from the content
     examples = read_examples("export.json", data_format="label-studio", span_alignment="expand")
 
 A folder is a `datasets` save_to_disk folder; a file's format is found from its first bytes (`detect_format`)
-or named with --data-format: CoNLL, JSON lines of words and tags (ner/data.py), or character spans over
-raw text from annotation tools (ner/spans.py). This module imports both readers, so that neither imports
+or named with --data-format: CoNLL, JSON lines of words and tags (ner/data/examples.py), or character spans over
+raw text from annotation tools (ner/data/spans.py). This module imports both readers, so that neither imports
 the other (docs/data_formats.md describes the formats).
 """
 
@@ -17,8 +17,8 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from ner import spans
-from ner.data import (
+from ner.data import spans
+from ner.data.examples import (
     Columns,
     Example,
     convert_scheme,
@@ -32,7 +32,7 @@ from ner.errors import UserError
 log = logging.getLogger("ner")
 
 # What a file holds: found from its content (auto) or named with --data-format. spans, label-studio and
-# spacy are character spans over raw text (ner/spans.py).
+# spacy are character spans over raw text (ner/data/spans.py).
 DATA_FORMATS = ("auto", "conll", "jsonl", "spans", "label-studio", "spacy")
 
 

@@ -2,10 +2,10 @@
 
 Training's evaluation (`predict_tags` / `evaluate`, sharded over ranks), `ner.predict`,
 `ner.evaluate` and the benchmarks (`Tagger`, one process) all run `predict_word_scores`, then
-the same merge (each word from the window that owns it) and decoding (ner/decode.py). What computes
-the logits is a runtime (ner/runtime.py): the PyTorch model, or `Tagger(..., runtime="onnx"|"onnx-int8")`.
+the same merge (each word from the window that owns it) and decoding (ner/inference/decode.py). What computes
+the logits is a runtime (ner/inference/runtime.py): the PyTorch model, or `Tagger(..., runtime="onnx"|"onnx-int8")`.
 
-    from ner.infer import Tagger
+    from ner.inference.tagger import Tagger
     tags, probabilities = Tagger("runs/ner/final").tag(examples)
     results = Tagger("runs/ner/final").predict(["Angela Merkel met Emmanuel Macron in Paris."])
 
@@ -26,17 +26,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ner.config import (
-    RUNTIMES,
-    TrainConfig,
-    check_max_seq_length,
-    inference_batch_limits,
-    inference_budget,
-    parse_min_score,
-)
-from ner.data import Example, scheme_of_labels
-from ner.decode import Decoder, get_entities
-from ner.encode import (
+from ner.data.encode import (
     CASING_SCHEMES,
     LEGACY_CASING_SCHEME,
     Feature,
@@ -46,11 +36,24 @@ from ner.encode import (
     merge_predictions,
     owned_positions,
 )
+from ner.data.examples import Example, scheme_of_labels
+from ner.data.tags import get_entities
+from ner.data.text import Word, split_words
 from ner.errors import UserError
 from ner.files import sha256_file
+from ner.inference.decode import Decoder
+from ner.inference.options import (
+    MAX_SEQ_LENGTH,
+    PAD_TO_MULTIPLE_OF,
+    RUNTIMES,
+    WINDOW_STRIDE_WORDS,
+    check_max_seq_length,
+    inference_batch_limits,
+    inference_budget,
+    parse_min_score,
+)
+from ner.inference.runtime import OnnxRuntime, TorchRuntime, onnx_device_type, onnx_path
 from ner.metrics import entity_scores
-from ner.runtime import OnnxRuntime, TorchRuntime, onnx_device_type, onnx_path
-from ner.text import Word, split_words
 
 if TYPE_CHECKING:
     import torch
@@ -60,7 +63,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("ner")
 
 Progress = Callable  # tqdm-like: progress(iterable, desc=..., leave=...) -> iterable
-Runtime = TorchRuntime | OnnxRuntime  # runtime(input_ids, attention_mask, token_type_ids) -> logits (ner/runtime.py)
+Runtime = TorchRuntime | OnnxRuntime  # runtime(input_ids, attention_mask, token_type_ids) -> logits (runtime.py)
 
 
 def no_progress(iterable, **_):
@@ -126,15 +129,14 @@ def evaluate(model: torch.nn.Module, eval_set: EvalSet, backend: Backend, pad_to
     return entity_scores([e.tags for e in eval_set.examples], predicted, decoder.scheme)
 
 
-DEFAULTS = TrainConfig()
 
 
 @dataclass(frozen=True)
 class ModelSettings:
     """How an export was trained, so inference encodes and decodes the same way (training_args.json)."""
 
-    max_seq_length: int = DEFAULTS.max_seq_length
-    window_stride_words: int = DEFAULTS.window_stride_words
+    max_seq_length: int = MAX_SEQ_LENGTH
+    window_stride_words: int = WINDOW_STRIDE_WORDS
     context: str = "none"  # document | none, as resolved at training
     context_tokens: int = 0
     casing: str = "none"  # types | none, as resolved at training
@@ -226,7 +228,7 @@ class Tagger:
     """
 
     def __init__(self, model_dir: str | Path, device: str | None = None, precision: str = "auto",
-                 max_seq_length: int | None = None, pad_to_multiple_of: int = DEFAULTS.pad_to_multiple_of,
+                 max_seq_length: int | None = None, pad_to_multiple_of: int = PAD_TO_MULTIPLE_OF,
                  context: str = "auto", decode: str | None = None, runtime: str = "torch",
                  min_score: str | list[str] | None = None) -> None:
         import transformers

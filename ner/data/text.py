@@ -1,6 +1,6 @@
 """Raw text -> words with character offsets, split the way CoNLL-2003 was tokenised.
 
-    from ner.text import split_words
+    from ner.data.text import split_words
     split_words("O'Neill's U.S. trip.")  # [("O'Neill", 0, 7), ("'s", 7, 9), ("U.S.", 10, 14), ...]
 
 Punctuation is split off words, while abbreviations ("U.S."), names with an apostrophe ("O'Neill"),

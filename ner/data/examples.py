@@ -1,5 +1,5 @@
 """Reading NER data (CoNLL, JSONL, `datasets`), tag schemes, and the label list. Which reader a file needs
-(annotation-tool spans included) is ner/formats.py's job.
+(annotation-tool spans included) is ner/data/formats.py's job.
 
 Every reader returns `Example`s that remember where they came from, so a bad tag in the
 validation file is reported as `valid.txt:1042: ...`, not as a KeyError deep in training.
@@ -23,7 +23,7 @@ TAG_PATTERN = re.compile(r"^(O|[BIES]-\S+)$")
 TAG_HELP = "expected O, or B-TYPE / I-TYPE / E-TYPE / S-TYPE such as B-PER"
 CONLL_HELP = "expected 'word ... TAG': two or more columns separated by spaces or tabs, tag last"
 DOCSTART = "-DOCSTART-"
-SAMPLE_DIR = Path(__file__).resolve().parent / "sample_data"
+SAMPLE_DIR = Path(__file__).resolve().parents[1] / "sample_data"
 
 
 @dataclass

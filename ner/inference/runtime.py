@@ -5,10 +5,10 @@
 
 A runtime is called as `runtime(input_ids, attention_mask) -> logits` on one padded batch, numpy in
 (int64, rows x width) and numpy out (float32, rows x width x labels); windows, document context, merging
-and decoding stay in ner/infer.py, so every runtime tags the same way. The ONNX runtimes never import
+and decoding stay in ner/inference/tagger.py, so every runtime tags the same way. The ONNX runtimes never import
 torch (nor does the rest of the path they take), so a deployment needs neither torch nor its start-up.
 `rows_per_forward`: how many windows one forward may hold (None: as many as the batch plan gives). An int8
-file quantizes each activation row by row (ner/export_onnx.py: rows_own_scales), so it batches like fp32; an
+file quantizes each activation row by row (ner/inference/onnx_export.py: rows_own_scales), so it batches like fp32; an
 int8 file written before that scales each activation by its whole tensor's range, so a window's numbers
 would depend on its neighbours and the padding: it runs one window per forward (and says to re-export).
 """
@@ -43,7 +43,7 @@ class TorchRuntime:
     def __init__(self, model: torch.nn.Module, device: torch.device, autocast: Callable) -> None:
         self.model, self.device, self.autocast = model, device, autocast
         self.num_labels = model.config.num_labels
-        self.device_type = device.type  # what runs the passes: picks the default batch budget (ner.config)
+        self.device_type = device.type  # what runs the passes: picks the default batch budget (ner.training.config)
 
     def __call__(self, input_ids: np.ndarray, attention_mask: np.ndarray,
                  token_type_ids: np.ndarray | None = None) -> np.ndarray:
@@ -81,7 +81,7 @@ def onnx_path(model_dir: Path, runtime: str) -> Path:
     return path
 
 
-# The int8 file's metadata key and value that say its activations are quantized row by row (ner/export_onnx.py)
+# The int8 file's metadata key and value: its activations are quantized row by row (inference/onnx_export.py)
 ACTIVATION_SCALES = ("ner.int8_activation_scales", "per-row")
 
 

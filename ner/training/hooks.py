@@ -10,20 +10,19 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import platform
-import signal
 import time
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
-from ner import checkpoint as ckpt
 from ner.backends import Backend
-from ner.infer import predict_tags
-from ner.loop import TrainState
+from ner.inference.tagger import predict_tags
 from ner.metrics import best_evaluation, entity_scores, format_scores
+from ner.testing import inject_fault
+from ner.training import checkpoint as ckpt
+from ner.training.loop import TrainState
 
 log = logging.getLogger("ner")
 
@@ -53,23 +52,6 @@ def flatten_record(record: dict) -> dict:
     return flat
 
 
-def inject_fault(global_step: int, rank: int) -> None:
-    """Testing aid: NER_FAULT_INJECT="kill:STEP[:RANK]" SIGKILLs, "hang:STEP[:RANK]" stalls forever.
-
-    Fires after the update (and any checkpoint) of STEP, on RANK (default: every rank), and only
-    in a job's first attempt, so a restarted job (torchrun --max-restarts) can recover.
-    """
-    spec = os.environ.get("NER_FAULT_INJECT")
-    if not spec or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
-        return
-    action, step, *target = spec.split(":")
-    if int(step) != global_step or (target and int(target[0]) != rank):
-        return
-    log.warning("NER_FAULT_INJECT: %s at step %d on rank %d", action, global_step, rank)
-    if action == "kill":
-        os.kill(os.getpid(), signal.SIGKILL)
-    while action == "hang":
-        time.sleep(3600)
 
 
 def trainer_state(cfg, state: TrainState, data, world_size: int) -> dict:

@@ -11,9 +11,9 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForTokenClassification, AutoTokenizer, get_scheduler
 
-from ner.config import DEFAULT_MODEL
-from ner.encode import CASING_SCHEMES, CASING_TYPES, LEGACY_CASING_SCHEME
+from ner.data.encode import CASING_SCHEMES, CASING_TYPES, LEGACY_CASING_SCHEME
 from ner.errors import UserError
+from ner.training.config import DEFAULT_MODEL
 
 log = logging.getLogger(__name__)
 
@@ -209,7 +209,7 @@ def fit_token_types(model: torch.nn.Module, path: str) -> None:
 
 def legacy_casing_export(path: str) -> bool:
     """One of our exports trained with casing types before the scheme was recorded (training_args.json)."""
-    from ner.infer import ModelSettings
+    from ner.inference.tagger import ModelSettings
 
     folder = Path(path)
     if not folder.is_dir():

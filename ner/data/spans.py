@@ -8,7 +8,7 @@
     spaCy         a .spacy DocBin (needs spaCy: pip install 'ner[spacy]')
 
 Offsets are characters (Python string indices), end exclusive. Each text is split into words by the
-raw-text splitter (ner/text.py, the one `ner.predict` uses) and cut into sentences at line breaks;
+raw-text splitter (ner/data/text.py, the one `ner.predict` uses) and cut into sentences at line breaks;
 its sentences form one document (or the record's `document` field names it), so long texts get
 document context where the model uses it. Each span becomes B-/I- tags over the words it covers.
 
@@ -32,9 +32,9 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ner.data import Columns, Example, jsonl_records, read_utf8
+from ner.data.examples import Columns, Example, jsonl_records, read_utf8
+from ner.data.text import Word, split_words
 from ner.errors import UserError, at
-from ner.text import Word, split_words
 
 log = logging.getLogger("ner")
 
@@ -424,7 +424,7 @@ def span_record(sentences: Iterable[tuple[list[str], list[str]]], tokens: bool =
     """{"text", "entities"} for sentences of (words, tags): words joined by spaces, sentences by newlines.
     `tokens`: also the words as Prodigy's "tokens", so that reading the record back gives the same
     words whatever the splitter would make of the text."""
-    from ner.decode import get_entities
+    from ner.data.tags import get_entities
 
     lines, entities, words_at, offset = [], [], [], 0
     for words, tags in sentences:

@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ner.batching import fixed_shape_batches
-from ner.data import Example
+from ner.data.batching import fixed_shape_batches
+from ner.data.examples import Example
 from ner.files import staged_file
 
 if TYPE_CHECKING:

@@ -23,11 +23,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ner.encode import UNKNOWN_CASE, casing_type, model_inputs
+from ner.data.encode import UNKNOWN_CASE, casing_type, model_inputs
 from ner.errors import UserError
 from ner.files import staged_file
-from ner.infer import ModelSettings
-from ner.runtime import ACTIVATION_SCALES, ONNX_FILES, onnx_session
+from ner.inference.runtime import ACTIVATION_SCALES, ONNX_FILES, onnx_session
+from ner.inference.tagger import ModelSettings
 
 MAX_LOGIT_DIFF = 1e-3
 # int8 noise flips words whose two best tags are close, and entity words are where that happens, so they

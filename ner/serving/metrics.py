@@ -36,7 +36,7 @@ BATCH_WORDS_BUCKETS = (8, 32, 128, 512, 1024, 2048, 4096, 8192, 16384)
 
 
 class ServeMetrics:
-    """The app's metrics; also the micro-batcher's `events` (the methods of ner.batcher.BatcherEvents)."""
+    """The app's metrics; also the micro-batcher's `events` (the methods of ner.serving.batcher.BatcherEvents)."""
 
     def __init__(self, queued_texts: Callable[[], int] = lambda: 0) -> None:
         self.queued_texts = queued_texts
@@ -62,7 +62,7 @@ class ServeMetrics:
         self.dropped = make(Counter, "ner_dropped_disconnected", "requests dropped before their batch: client gone")
         self.text_failures = make(Counter, "ner_text_failures", "texts the model failed on (answered 500)")
 
-    # ---- the batcher's events (ner.batcher.BatcherEvents)
+    # ---- the batcher's events (ner.serving.batcher.BatcherEvents)
     def batch(self, texts: int, words: int, seconds: float) -> None:
         self.batch_texts.observe(texts)
         self.batch_words.observe(words)

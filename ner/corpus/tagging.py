@@ -36,10 +36,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from ner.data import Example
+from ner.data.examples import Example
+from ner.data.spans import entities_record, text_of
 from ner.errors import UserError, report
 from ner.files import atomic_write_text, sha256_file, staged_file
-from ner.spans import entities_record, text_of
 
 MANIFEST, MERGED = "manifest.json", "predictions.jsonl"
 MANIFEST_VERSION = 2  # 2: the computation (precision, device, threads, ...) is pinned
@@ -269,7 +269,7 @@ def file_identity(path: Path) -> dict:
 def model_identity(model_dir: Path, runtime: str) -> dict:
     """The files that decide the model's answers: weights, config, tokenizer, training_args.json. The model
     card (README.md) and ONNX files another runtime reads are left out."""
-    from ner.runtime import ONNX_FILES
+    from ner.inference.runtime import ONNX_FILES
 
     if not (model_dir / "config.json").is_file():
         raise UserError(f"{model_dir}: not a model folder (no config.json); pass OUTPUT_DIR/final")
@@ -527,7 +527,7 @@ def tag_my_chunks(args: argparse.Namespace, backend, tagger, sources: list[Sourc
                   progress: Progress) -> None:
     """Tag and write this process's chunks (run inside all_or_none: a failure stops this process only, the
     others finish their chunks, kept for the rerun, before they learn of it)."""
-    from ner.hooks import inject_fault
+    from ner.testing import inject_fault
 
     mine = plan.mine(backend.process_index, backend.num_processes)
     for k, units in owned_chunks(sources, args.text_column, plan, mine):
@@ -553,8 +553,8 @@ def merge_parts(out_dir: Path, plan: Plan) -> Path:
 def load_tagger(args: argparse.Namespace, backend):
     """This process's model copy on its device; --batch-size / --max-tokens resolved for what runs the passes
     (before the manifest is written, so a resume on another device type is refused, not mixed)."""
-    from ner.config import inference_budget
-    from ner.infer import Tagger
+    from ner.inference.options import inference_budget
+    from ner.inference.tagger import Tagger
 
     tagger = Tagger(args.model_dir, device=str(backend.device), precision=args.mixed_precision,
                     max_seq_length=args.max_seq_length, context=args.context, decode=args.decode,
@@ -669,7 +669,7 @@ def tag_on_every_process(args: argparse.Namespace, backend) -> None:
 
 
 def add_corpus_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("corpus tagging (--output-dir; see ner/corpus.py)")
+    group = parser.add_argument_group("corpus tagging (--output-dir; see ner/corpus/tagging.py)")
     group.add_argument("--output-dir", type=Path, default=None,
                        help="tag INPUT... into OUT/part-NNNNN.jsonl (resumable, any number of processes)")
     low, high = CHUNK_TEXTS_RANGE
@@ -699,7 +699,7 @@ class RayTagger:
 
     def __init__(self, model_dir: str, text_column: str = "text", batch_size: int | None = None,
                  max_tokens: int | None = None, **tagger_options) -> None:
-        from ner.infer import Tagger
+        from ner.inference.tagger import Tagger
 
         self.tagger = Tagger(model_dir, **tagger_options)
         self.text_column = text_column

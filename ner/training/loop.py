@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch.optim.lr_scheduler import LRScheduler
 
 from ner.backends import Backend
-from ner.encode import IGNORE_INDEX, model_inputs
+from ner.data.encode import IGNORE_INDEX, model_inputs
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,12 @@
+"""Training: one run on one process, from data to an exported model, over any backend (ner/backends/). May
+import every group but serving and corpus tagging; nothing but the commands imports it.
+
+    config.py      TrainConfig: every option with its default, unit and help; YAML + flags; auto values
+    run.py         wiring of one run: data -> model -> prepare -> fit -> evaluate -> export
+    loop.py        the one training loop, written against the Backend protocol
+    hooks.py       around each update: evaluation, early stopping, checkpoints, logging
+    checkpoint.py  resumable checkpoints: atomic, verified, rotated
+    model.py       builders: tokenizer, model with its labels, AdamW, schedule
+    export.py      a checkpoint -> a Hugging Face model folder (model card, ONNX), replacing only its own files
+    plots.py       the PNG plots of a run and of an evaluation
+"""

@@ -134,7 +134,8 @@ def test_serves_tags_a_corpus_and_answers_label_studio(trained, tmp_path):
 
     from ner.inference.tagger import Tagger
     from ner.predict import main as predict_main
-    from ner.serve import Limits, create_app
+    from ner.serving.app import create_app
+    from ner.serving.requests import Limits
 
     name, _, out = trained
     tagger = Tagger(out / "final", precision="no")

@@ -62,7 +62,8 @@ def test_training_stores_it_and_every_path_applies_it(tiny_bert, tiny_data, tmp_
     pytest.importorskip("fastapi")
     from fastapi.testclient import TestClient
 
-    from ner.serve import Limits, create_app
+    from ner.serving.app import create_app
+    from ner.serving.requests import Limits
 
     out = tmp_path / "run"
     assert train_cli.main(tiny_args(tiny_bert, tiny_data, out, "--max-steps", "2", "--no-eval",

@@ -264,7 +264,7 @@ SERVE_ONCE = textwrap.dedent("""
     from pathlib import Path
     from fastapi.testclient import TestClient
     from ner.inference.tagger import Tagger
-    from ner.serve import create_app
+    from ner.serving.app import create_app
     model_dir, runtime, text = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
     with TestClient(create_app(Tagger(model_dir, runtime=runtime), model_dir)) as client:
         answer = client.post("/predict", json={"text": text}).json()

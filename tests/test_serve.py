@@ -20,8 +20,10 @@ httpx = pytest.importorskip("httpx")
 from conftest import ROOT, resolve  # noqa: E402
 from fastapi.testclient import TestClient  # noqa: E402
 
-from ner.serve import WARM_UP_TEXT, Limits, MicroBatcher, ServeOptions, create_app  # noqa: E402
-from ner.serving.batcher import BatcherEvents  # noqa: E402
+from ner.serving.app import create_app  # noqa: E402
+from ner.serving.batcher import BatcherEvents, MicroBatcher  # noqa: E402
+from ner.serving.lifecycle import WARM_UP_TEXT, ServeOptions  # noqa: E402
+from ner.serving.requests import Limits  # noqa: E402
 from ner.testing import free_local_port, wait_until_healthy  # noqa: E402
 
 TEXTS = ["Ada Lovelace visited London on Monday.", "", "Café \U0001F600 北京 a\u200bb\tc",
@@ -536,7 +538,8 @@ SLOW_MODEL_SERVER = """
 import sys, time
 from pathlib import Path
 import ner.inference.tagger
-from ner.serve import WARM_UP_TEXT, main
+from ner.serving.lifecycle import WARM_UP_TEXT
+from ner.serve import main
 
 seconds_per_batch, gate = float(sys.argv[1]), Path(sys.argv[2])
 real = ner.inference.tagger.Tagger.predict

@@ -23,8 +23,9 @@ from fastapi.testclient import TestClient  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from ner.serve import Limits, create_app  # noqa: E402
+from ner.serving.app import create_app  # noqa: E402
 from ner.serving.metrics import ServeMetrics  # noqa: E402
+from ner.serving.requests import Limits  # noqa: E402
 from ner.testing import free_local_port, wait_until_healthy  # noqa: E402
 
 TEXTS = ["Ada Lovelace visited London on Monday.", "Shares of Acme Corp rose in Paris."]

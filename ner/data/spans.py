@@ -454,9 +454,16 @@ def entities_record(record: dict, entities: list[dict]) -> dict:
 def label_studio_task(record: dict, entities: list[dict], model_version: str) -> dict:
     """A Label Studio task holding ner.predict's raw-text entities as a prediction to correct (the
     `label`/`text` names of its Named Entity Recognition template)."""
-    data = _without_spans(record)
-    result = [{"from_name": "label", "to_name": "text", "type": "labels", "score": e["score"],
+    return {"data": _without_spans(record), "predictions": [label_studio_prediction(entities, model_version)]}
+
+
+def label_studio_prediction(entities: list[dict], model_version: str, from_name: str = "label",
+                            to_name: str = "text") -> dict:
+    """Entities ({"start", "end", "text", "type", "score"}, "type" a label of the project) as one Label Studio
+    prediction: `labels` regions of the <Labels name=from_name> over the <Text name=to_name>, Python string
+    offsets (what its Text tag counts), scored by their mean. The one writer of Label Studio regions."""
+    result = [{"from_name": from_name, "to_name": to_name, "type": "labels", "score": e["score"],
                "value": {"start": e["start"], "end": e["end"], "text": e["text"], "labels": [e["type"]]}}
               for e in entities]
     score = round(sum(e["score"] for e in entities) / len(entities), 4) if entities else None
-    return {"data": data, "predictions": [{"model_version": model_version, "score": score, "result": result}]}
+    return {"model_version": model_version, "score": score, "result": result}

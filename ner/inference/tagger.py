@@ -277,9 +277,10 @@ class Tagger:
         return TorchRuntime(model, self.device, lambda: autocast_for(self.device, self.precision))
 
     @classmethod
-    def from_args(cls, args) -> Tagger:
-        """From the options config.add_model_arguments defines."""
-        return cls(args.model_dir, precision=args.mixed_precision, max_seq_length=args.max_seq_length,
+    def from_args(cls, args, *, device: str | None = None) -> Tagger:
+        """From the options options.add_model_arguments defines (the one place a command builds a Tagger);
+        device: where this process runs it (a corpus process's own device), else the default."""
+        return cls(args.model_dir, device=device, precision=args.mixed_precision, max_seq_length=args.max_seq_length,
                    context=args.context, decode=args.decode, runtime=args.runtime, min_score=args.min_score)
 
     def like(self, model_dir: str | Path) -> Tagger:
@@ -296,7 +297,7 @@ class Tagger:
     def tag(self, examples: list[Example], max_sentences: int | None = None, max_tokens: int | None = None,
             progress: Progress = no_progress) -> tuple[list[list[str]], list[np.ndarray]]:
         """(tags, per-word probabilities of those tags) for each example, batched by length; batch limits not
-        given: the default of the device the runtime runs on (config.inference_budget)."""
+        given: the default of the device the runtime runs on (options.inference_budget)."""
         max_sentences, max_tokens = inference_budget(self.runtime.device_type, max_sentences, max_tokens)
         placeholder = {label: 0 for label in {t for e in examples for t in e.tags}}  # gold tags are not needed
         features = encode_examples(examples, self.tokenizer, placeholder, self.max_seq_length,

@@ -93,7 +93,7 @@ def tiny_run(tiny_bert, tiny_data, tmp_path_factory) -> Path:
 def test_steps_from_a_training_runs_metrics_cover_every_window_of_every_epoch(tiny_run, tiny_bert, tiny_data):
     from ner.data.encode import encode_examples
     from ner.data.examples import build_label_list, read_conll
-    from ner.training.model import load_tokenizer
+    from ner.data.tokenizer import load_tokenizer
 
     out = tiny_run
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

@@ -21,9 +21,10 @@ from ner.data.encode import (
     encode_examples,
 )
 from ner.data.examples import Example
+from ner.data.tokenizer import load_tokenizer
 from ner.errors import UserError
 from ner.training.config import TrainConfig, resolve_casing
-from ner.training.model import build_model, load_tokenizer, lowercases, takes_token_types, widen_token_types
+from ner.training.model import build_model, lowercases, takes_token_types, widen_token_types
 
 
 @pytest.mark.parametrize("word, expected", [

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ner import train as train_cli
-from ner.training.model import load_tokenizer
+from ner.data.tokenizer import load_tokenizer
 
 RAW = ["Angela Merkel met Emmanuel Macron in Paris on Monday.", "",
        "Shares of Acme Corp. rose 3.5% in São Paulo after O'Neill's talk \U0001F600 there."]

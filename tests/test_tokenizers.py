@@ -7,8 +7,8 @@ import pytest
 from conftest import make_sentences, tiny_args
 
 from ner import train as train_cli
-from ner.inference.tagger import load_tokenizer as export_tokenizer
-from ner.training.model import load_tokenizer, splits_words_as_running_text
+from ner.data.tokenizer import load_tokenizer, splits_words_as_running_text
+from ner.data.tokenizer import load_tokenizer as export_tokenizer
 
 SENTENCES = [" ".join(word for word, _ in sentence) for sentence in make_sentences(300, seed=4, long_every=7)]
 

@@ -6,6 +6,7 @@ no other group (tests/test_layout.py): training, inference, serving and corpus t
     spans.py      character spans of annotation tools (doccano, Prodigy, Label Studio) <-> words with tags
     text.py       raw text -> words with character offsets
     tags.py       tags -> entities (get_entities)
+    tokenizer.py  the one tokenizer loader, for training's encoder and for an export
     encode.py     words -> subword windows with context, the tokenization cache, the way back to words
     batching.py   length-aware training batches and the fixed-shape inference plan
 

@@ -11,7 +11,7 @@ the logits is a runtime (ner/inference/runtime.py): the PyTorch model, or `Tagge
 
 torch is imported only where the torch runtime or training needs it: tagging with an ONNX runtime never
 imports it (nor transformers' AutoConfig / AutoTokenizer, which import torch in transformers 5: the
-config is read as JSON and the tokenizer class is looked up by its name, see load_tokenizer).
+config is read as JSON and the tokenizer class is looked up by its name, see data/tokenizer.py).
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from ner.data.encode import (
 from ner.data.examples import Example, scheme_of_labels
 from ner.data.tags import get_entities
 from ner.data.text import Word, split_words
+from ner.data.tokenizer import load_tokenizer
 from ner.errors import UserError
 from ner.files import sha256_file
 from ner.inference.decode import Decoder
@@ -185,23 +186,6 @@ def model_labels(config: dict) -> dict[int, str]:
     return {i: f"LABEL_{i}" for i in range(int(config.get("num_labels", 2)))}
 
 
-def load_tokenizer(model_dir: Path):
-    """The export's tokenizer, by the class its tokenizer_config.json names (the fast one where transformers 4
-    has both). Not AutoTokenizer: it imports AutoConfig, and so torch, in transformers 5; the tokenizer
-    classes do not. A class transformers does not have (custom code) or none named: AutoTokenizer."""
-    import transformers
-
-    config_file = model_dir / "tokenizer_config.json"
-    name = read_json(config_file).get("tokenizer_class") if config_file.is_file() else None
-    found = [getattr(transformers, f"{name}Fast", None), getattr(transformers, name, None)] if name else []
-    for cls in found:
-        if isinstance(cls, type) and issubclass(cls, transformers.PreTrainedTokenizerBase):
-            tokenizer = cls.from_pretrained(model_dir)
-            if tokenizer.is_fast:  # word_ids() needs a fast tokenizer
-                return tokenizer
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(model_dir)
 
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.onnx")

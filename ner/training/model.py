@@ -9,9 +9,10 @@ import os
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModelForTokenClassification, AutoTokenizer, get_scheduler
+from transformers import AutoConfig, AutoModelForTokenClassification, get_scheduler
 
 from ner.data.encode import CASING_SCHEMES, CASING_TYPES, LEGACY_CASING_SCHEME
+from ner.data.tokenizer import load_tokenizer
 from ner.errors import UserError
 from ner.training.config import DEFAULT_MODEL
 
@@ -53,64 +54,18 @@ def model_error(name: str, what: str, exc: Exception) -> UserError:
     return UserError(f"--model {name}: cannot load {what} ({str(exc).splitlines()[0]}){hint}")
 
 
-def load_tokenizer(name: str, trust_remote_code: bool = False):
-    """The encoder's fast tokenizer, giving pre-split words the pieces they get in running text: byte-level BPE
-    (RoBERTa, ModernBERT, GPT-2 style) loads without a space before each word unless asked, and the encoder
-    then sees word-initial pieces it never saw in pretraining. The setting is saved with the export."""
-    path = resolve_model_path(name)
+def encoder_tokenizer(name: str, trust_remote_code: bool = False):
+    """The encoder's tokenizer (data/tokenizer.py), by the name --model gave; a one-line error if it cannot load."""
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
-        if not splits_words_as_running_text(tokenizer):
-            tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code, add_prefix_space=True)
-            if not splits_words_as_running_text(tokenizer):  # a class that ignores the argument (ModernBERT's)
-                add_prefix_space(tokenizer)
-            if splits_words_as_running_text(tokenizer):
-                log.info("--model %s: tokenizer loaded with add_prefix_space=True, so each word gets the pieces it "
-                         "has in running text", name)
-            else:
-                log.warning("--model %s: its tokenizer gives words split beforehand other pieces than in running "
-                            "text; accuracy may suffer", name)
+        return load_tokenizer(resolve_model_path(name), trust_remote_code, name=f"--model {name}")
     except (OSError, ValueError) as exc:
         raise model_error(name, "a tokenizer", exc) from None
-    if not getattr(tokenizer, "is_fast", False):
-        raise UserError(f"--model {name}: needs a fast tokenizer (word ids are used to align labels)")
-    return tokenizer
 
 
-def add_prefix_space(tokenizer) -> None:
-    """Turn on the byte-level pre-tokenizer's add_prefix_space in the tokenizer itself (its tokenizer.json), for
-    tokenizer classes that do not take the argument: the export then carries the setting to every loader."""
-    import json
-
-    from tokenizers import Tokenizer
-
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None or backend.pre_tokenizer is None:
-        return
-    state = json.loads(backend.to_str())
-
-    def turn_on(node) -> None:
-        if isinstance(node, dict):
-            if node.get("type") == "ByteLevel" and "add_prefix_space" in node:
-                node["add_prefix_space"] = True
-            for value in node.values():
-                turn_on(value)
-        elif isinstance(node, list):
-            for value in node:
-                turn_on(value)
-
-    turn_on(state["pre_tokenizer"])
-    backend.pre_tokenizer = Tokenizer.from_str(json.dumps(state)).pre_tokenizer
 
 
-PROBE_WORDS = ("Angela", "Merkel", "visited", "Paris", "2024", "U.S.")
 
 
-def splits_words_as_running_text(tokenizer, words: tuple[str, ...] = PROBE_WORDS) -> bool:
-    """Whether `words` split beforehand (is_split_into_words) get the pieces of each `" " + word` in running text."""
-    split = tokenizer(list(words), is_split_into_words=True, add_special_tokens=False)["input_ids"]
-    running = [i for word in words for i in tokenizer(" " + word, add_special_tokens=False)["input_ids"]]
-    return split == running
 
 
 def encoder_config(name: str, trust_remote_code: bool = False):

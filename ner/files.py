@@ -8,17 +8,20 @@ never half of one; a failure removes only what was created here.
     atomic_write_text(path, text)          # small files: JSON, model cards
     with staged_file(path) as tmp: ...     # a writer that wants a path (np.savez, savefig, torch.onnx.export)
     with staged_folder(path) as tmp: ...   # a whole folder, renamed onto `path` when the block succeeds
+    temporary_of(name)                     # the final name of a temporary name made here, else None
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
 import secrets
 import shutil
+import string
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
+from pathlib import Path, PurePath
 
 
 def sha256_file(path: Path) -> str:
@@ -39,12 +42,45 @@ def fsync_path(path: Path) -> None:
         os.close(fd)
 
 
+# Every temporary name made here, and the only spelling temporary_of recognises: hidden (a leading dot), the final
+# name whole, a role, a random token, then nothing or the final name's own suffix (for writers that pick the
+# format by it). ROLES: "tmp" a file; "new" a folder being filled, "old" one moved aside (replace_folder).
+TEMPORARY_NAME = ".{name}.{role}-{token}{suffix}"
+ROLES = ("tmp", "new", "old")
+TOKEN_BYTES = 4  # 8 hex digits
+
+
+def _temporary_pattern() -> re.Pattern:
+    """TEMPORARY_NAME as a regular expression: its literal parts as they are, each field as what fills it."""
+    fields = {"name": "(?P<name>.+)", "role": f"(?P<role>{'|'.join(ROLES)})",
+              "token": f"[0-9a-f]{{{2 * TOKEN_BYTES}}}", "suffix": r"(?P<suffix>(?:\.[^.]*)?)"}  # a suffix: none or one
+    return re.compile("".join(re.escape(literal) + (fields[field] if field else "")
+                              for literal, field, _, _ in string.Formatter().parse(TEMPORARY_NAME)), re.DOTALL)
+
+
+_TEMPORARY = _temporary_pattern()
+
+
+def temporary_of(name: str, roles: tuple[str, ...] = ROLES) -> str | None:
+    """The final name that `name` is a temporary name of, where this module could have made it in one of `roles`
+    ("tmp": a file); None for any other name (a user's `notes.tmp-x` or `.notes.tmp`). So what a killed writer
+    left can be told from a user's file."""
+    match = _TEMPORARY.fullmatch(name)
+    if match is None or match["role"] not in roles or match["suffix"] not in ("", PurePath(match["name"]).suffix):
+        return None
+    return match["name"]
+
+
 def _beside(path: Path, role: str, suffix: str = "") -> Path:
-    return path.with_name(f".{path.name}.{role}-{secrets.token_hex(4)}{suffix}")
+    if role not in ROLES or suffix not in ("", path.suffix):
+        raise ValueError(f"{role!r}, {suffix!r}: temporary_of would not recognise the name")
+    return path.with_name(TEMPORARY_NAME.format(name=path.name, role=role, token=secrets.token_hex(TOKEN_BYTES),
+                                                suffix=suffix))
 
 
 def new_file_beside(path: Path, suffix: str = "") -> Path:
-    """A new, empty file `.NAME.tmp-RANDOM<suffix>` beside `path`, created here (mode as the umask says)."""
+    """A new, empty file `.NAME.tmp-RANDOM<suffix>` beside `path`, created here (mode as the umask says);
+    `suffix`: none or `path`'s own."""
     while True:
         candidate = _beside(path, "tmp", suffix)
         try:
@@ -55,7 +91,7 @@ def new_file_beside(path: Path, suffix: str = "") -> Path:
 
 
 def new_folder_beside(path: Path, role: str) -> Path:
-    """A new, empty folder `.NAME.ROLE-RANDOM` beside `path`, created here."""
+    """A new, empty folder `.NAME.ROLE-RANDOM` beside `path`, created here; `role`: "new" or "old" (ROLES)."""
     while True:
         candidate = _beside(path, role)
         try:

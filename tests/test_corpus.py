@@ -1,9 +1,10 @@
-"""Corpus tagging (ner/corpus/tagging.py): chunks in input order, resume, refusal, 1 process = 2 gloo processes."""
+"""Corpus tagging (ner/corpus/): chunks in input order, resume, refusal, 1 process = 2 gloo processes."""
 
 from __future__ import annotations
 
 import json
 import shutil
+import sys
 import threading
 import time
 from contextlib import contextmanager
@@ -13,6 +14,8 @@ import pytest
 from conftest import PEOPLE, PLACES, python_module, run_cli
 
 import ner.backends
+import ner.corpus.manifest
+import ner.corpus.plan
 import ner.corpus.tagging
 from ner.inference.options import INFERENCE_BUDGETS
 from ner.predict import build_parser, main
@@ -263,6 +266,34 @@ def test_torchrun_prints_one_ranks_error_once_and_every_process_exits(random_mod
     assert not (tmp_path / "out").exists()
 
 
+TAG_THEN_SAY_IF_TORCH = """import json, sys
+from ner.predict import main
+code = main(sys.argv[1:])
+print(json.dumps({"code": code, "torch_imported": "torch" in sys.modules}))
+"""
+
+
+def test_onnx_corpus_tagging_in_one_process_needs_no_torch(random_model, corpus, tmp_path):
+    """`--output-dir --runtime onnx` without a launcher: torch unimportable, the same parts as with it importable,
+    and torch never imported where it could be (ner.backends imports it; one process needs none of it)."""
+    pytest.importorskip("onnxruntime")
+    from ner.inference.onnx_export import write_onnx
+    from tests.test_onnx import NO_TORCH, run_without_torch
+
+    model = tmp_path / "model"
+    shutil.copytree(random_model, model)
+    write_onnx(model)
+    (tmp_path / "sitecustomize.py").write_text(NO_TORCH)
+    args = [str(model), str(corpus["first"]), str(corpus["second"]), "--runtime", "onnx", "--chunk-texts", "4",
+            "--merge", "--quiet"]
+    run_without_torch(python_module("ner.predict", *args, "--output-dir", str(tmp_path / "blocked")), True, tmp_path)
+    said = run_without_torch([sys.executable, "-c", TAG_THEN_SAY_IF_TORCH, *args, "--output-dir",
+                              str(tmp_path / "importable")], False, tmp_path)
+    assert json.loads(said) == {"code": 0, "torch_imported": False}
+    assert folder_bytes(tmp_path / "blocked") == folder_bytes(tmp_path / "importable")
+    assert len(lines(tmp_path / "blocked" / "predictions.jsonl")) == 11
+
+
 def test_without_output_dir_several_inputs_are_refused(random_model, corpus, capsys):
     assert main([str(random_model), str(corpus["first"]), str(corpus["second"])]) == 2
     assert "several INPUTs need --output-dir" in capsys.readouterr().err
@@ -270,13 +301,13 @@ def test_without_output_dir_several_inputs_are_refused(random_model, corpus, cap
 
 def test_auto_chunks_come_from_the_corpus_size_alone_and_balance_two_processes():
     """--chunk-texts auto: 12,000 texts were 3 chunks of 4096, dealt 7,904 : 4,096 to two processes (docs/corpus.md)."""
-    sizes = {texts: ner.corpus.tagging.chunk_texts_for(None, texts) for texts in (7, 12_000, 40_000, 100_000, 10_000_000)}
+    sizes = {texts: ner.corpus.plan.chunk_texts_for(None, texts) for texts in (7, 12_000, 40_000, 100_000, 10_000_000)}
     assert sizes == {7: 2048, 12_000: 2048, 40_000: 2500, 100_000: 4096, 10_000_000: 4096}
     for texts in (12_000, 40_000, 100_000):
-        plan = ner.corpus.tagging.Plan(texts, sizes[texts], frozenset())
+        plan = ner.corpus.plan.Plan(texts, sizes[texts], frozenset())
         dealt = [sum(plan.size(k) for k in plan.mine(rank, 2)) for rank in (0, 1)]
         assert sum(dealt) == texts and min(dealt) / max(dealt) > 0.9
-    assert ner.corpus.tagging.chunk_texts_for(4, 12_000) == 4  # a number given is kept
+    assert ner.corpus.plan.chunk_texts_for(4, 12_000) == 4  # a number given is kept
     args = build_parser().parse_args(["m", "x.txt", "--output-dir", "o", "--chunk-texts", "auto"])
     assert args.chunk_texts is None
 
@@ -470,8 +501,8 @@ def test_an_unexpected_error_listing_inputs_on_one_rank_reaches_every_rank(rando
 
 
 def test_an_error_in_rank_0s_folder_check_reaches_every_rank(random_model, corpus, tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(ner.corpus.tagging, "model_identity",
-                        fails_on(0, ner.corpus.tagging.model_identity, PermissionError(13, "Permission denied", "w.bin")))
+    denied = PermissionError(13, "Permission denied", "w.bin")
+    monkeypatch.setattr(ner.corpus.manifest, "model_identity", fails_on(0, ner.corpus.manifest.model_identity, denied))
     outcomes, events = two_ranks(monkeypatch, corpus_argv(random_model, corpus, tmp_path / "out"))
     assert reached_every_rank(outcomes, events, capsys) == (
         "process 0 of 2: PermissionError: [Errno 13] Permission denied: 'w.bin'")
@@ -480,7 +511,8 @@ def test_an_error_in_rank_0s_folder_check_reaches_every_rank(random_model, corpu
 def test_an_error_while_tagging_on_one_rank_reaches_every_rank_after_the_others_finish(random_model, corpus,
                                                                                         tmp_path, monkeypatch,
                                                                                         capsys):
-    monkeypatch.setattr(ner.corpus.tagging, "tag_chunk", fails_on(1, ner.corpus.tagging.tag_chunk, RuntimeError("out of memory")))
+    oom = RuntimeError("out of memory")
+    monkeypatch.setattr(ner.corpus.tagging, "tag_chunk", fails_on(1, ner.corpus.tagging.tag_chunk, oom))
     outcomes, events = two_ranks(monkeypatch, corpus_argv(random_model, corpus, tmp_path / "out"))
     assert reached_every_rank(outcomes, events, capsys) == "process 1 of 2: RuntimeError: out of memory"
     # rank 0's chunks (0 and 2 of 3) are written, kept for the rerun; rank 1's is not; nothing merged
@@ -488,14 +520,15 @@ def test_an_error_while_tagging_on_one_rank_reaches_every_rank_after_the_others_
 
 
 def test_an_error_merging_on_rank_0_reaches_every_rank(random_model, corpus, tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(ner.corpus.tagging, "merge_parts", fails_on(0, ner.corpus.tagging.merge_parts, OSError(28, "No space left")))
+    full = OSError(28, "No space left")
+    monkeypatch.setattr(ner.corpus.tagging, "merge_parts", fails_on(0, ner.corpus.tagging.merge_parts, full))
     outcomes, events = two_ranks(monkeypatch, corpus_argv(random_model, corpus, tmp_path / "out"))
     assert reached_every_rank(outcomes, events, capsys) == "process 0 of 2: OSError: [Errno 28] No space left"
 
 
 def test_ranks_that_would_compute_differently_are_refused_naming_the_setting(random_model, corpus, tmp_path,
                                                                             monkeypatch, capsys):
-    monkeypatch.setattr(ner.corpus.tagging, "intra_op_threads", lambda runtime: 1 + RANK.backend.process_index)
+    monkeypatch.setattr(ner.corpus.manifest, "intra_op_threads", lambda runtime: 1 + RANK.backend.process_index)
     outcomes, events = two_ranks(monkeypatch, corpus_argv(random_model, corpus, tmp_path / "out"))
     error = reached_every_rank(outcomes, events, capsys)
     assert "threads: 1 in process 0, 2 in process 1" in error and "OMP_NUM_THREADS" in error
@@ -506,7 +539,7 @@ def test_ranks_that_would_compute_differently_are_refused_naming_the_setting(ran
 def test_ray_data_map_batches_gives_the_single_process_entities(random_model, corpus, tmp_path):
     """Ray started for real on this machine (a one-node cluster on loopback), CPU only."""
     ray = pytest.importorskip("ray")
-    from ner.corpus.tagging import RayTagger
+    from ner.corpus import RayTagger
 
     out = tmp_path / "out"
     assert tag(random_model, out, corpus["first"], corpus["second"], extra=("--chunk-texts", "4", "--merge")) == 0
@@ -529,7 +562,7 @@ def test_ray_tagger_refuses_a_missing_text_with_its_row(random_model):
     """Ray Data hands a batch as columns; None there was tagged as the text "None"."""
     import numpy as np
 
-    from ner.corpus.tagging import RayTagger
+    from ner.corpus import RayTagger
     from ner.errors import UserError
 
     tagger = RayTagger(str(random_model), precision="no")

@@ -300,6 +300,32 @@ def test_overwrite_output_dir_refuses_a_users_file_among_a_runs(export, checkpoi
     assert snapshot(out) == before
 
 
+@pytest.mark.parametrize("users", ["checkpoints/.step_4.tmp-0123abcd", "checkpoints/.notes.new-0123abcd",
+                                   "checkpoints/.tmp-step_x", "predictions/.validation.conll.tmp-0123abcd.txt"])
+def test_overwrite_output_dir_removes_a_killed_saves_leftovers_old_names_included(export, checkpoint, tmp_path,
+                                                                                  users):
+    """What a run killed mid-write leaves (ner/files.py's temporary names, and `.tmp-step_N` of older versions)
+    is the run's; a folder of yours that only looks like one is not (ner/files.py makes no such name)."""
+    out = tmp_path / "run"
+    out.mkdir()
+    a_finished_run(out, export, checkpoint)
+    for staging in (".step_8.new-0123abcd", ".step_4.old-89abcdef", ".tmp-step_12"):
+        (out / "checkpoints" / staging / "model").mkdir(parents=True)
+        (out / "checkpoints" / staging / "optimizer.pt").write_bytes(b"half")
+    (out / "predictions" / ".validation.conll.tmp-0123abcd.conll").write_text("Ada\tB-PER")
+    claim(out)
+    assert list(out.iterdir()) == []
+    a_finished_run(out, export, checkpoint)
+    if users.startswith("predictions/"):
+        (out / users).write_text("mine")
+    else:
+        (out / users).mkdir()
+    before = snapshot(out)
+    with pytest.raises(UserError, match=re.escape(f"({out / users})")):
+        claim(out)
+    assert snapshot(out) == before
+
+
 def test_overwrite_output_dir_refuses_trackers_no_record_lists(tmp_path):
     """A run killed before its first checkpoint, or one from before the record: nothing shows whose files these are."""
     out = tmp_path / "run"
@@ -402,6 +428,26 @@ def test_rotation_keeps_a_checkpoint_that_holds_a_file_of_yours(checkpoint, tmp_
     assert f"{checkpoint}: not rotated" in caplog.text
 
 
+def test_a_save_removes_a_killed_saves_staging_folders_old_names_included(random_model, tmp_path):
+    """Only names a save gives (ner/files.py's for a step_N, or `.tmp-step_N` of older versions) are removed."""
+    import torch
+    from transformers import AutoModelForTokenClassification, AutoTokenizer
+
+    root = tmp_path / "checkpoints"
+    stale = [".step_8.new-0123abcd", ".step_4.old-89abcdef", ".tmp-step_12"]
+    kept = [".step_4.tmp-0123abcd", ".notes.new-0123abcd", "tmp-step_3"]
+    for name in stale + kept:
+        (root / name).mkdir(parents=True)
+    model = AutoModelForTokenClassification.from_pretrained(random_model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    backend = SimpleNamespace(is_main_process=True, process_index=0, grad_scaler=None, wait_for_everyone=lambda: None,
+                              gather_object=lambda obj: [obj], unwrap_model=lambda m: m)
+    folder = ckpt.save_checkpoint(backend, tmp_path, 4, model, AutoTokenizer.from_pretrained(random_model), optimizer,
+                                  torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0), {"global_step": 4})
+    assert folder == root / "step_4" and ckpt.verify(folder) is None
+    assert sorted(p.name for p in root.iterdir()) == sorted(kept + ["step_4"])
+
+
 # ----------------------------------------------------------------------------- ner/files.py
 
 def test_a_failed_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path):
@@ -434,3 +480,26 @@ def test_a_failed_folder_swap_puts_the_old_folder_back(tmp_path, monkeypatch):
             (staged / "weights").write_text("new")
     assert (path / "weights").read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["model"]
+
+
+def test_temporary_of_recognises_exactly_the_names_made_here(tmp_path):
+    made = {}
+    for final in ("part-00001.jsonl", "manifest.json", "step_12", "archive.tar.gz", ".hidden"):
+        path = tmp_path / final
+        made[files.new_file_beside(path, path.suffix).name] = (final, "tmp")
+        made[files.new_file_beside(path).name] = (final, "tmp")
+        made[files.new_folder_beside(path, "new").name] = (final, "new")
+        made[files.new_folder_beside(path, "old").name] = (final, "old")
+    with files.staged_file(tmp_path / "out.jsonl") as tmp:
+        made[tmp.name] = ("out.jsonl", "tmp")
+    for name, (final, role) in made.items():
+        assert files.temporary_of(name) == final
+        assert files.temporary_of(name, roles=(role,)) == final
+        assert files.temporary_of(name, roles=tuple(r for r in files.ROLES if r != role)) is None
+    # a user's names: no leading dot, no token, another token, role or suffix, the final name missing
+    for name in ("notes.tmp-x", "notes.txt.tmp-0123abcd", ".notes.tmp", ".notes.txt.tmp-0123ABCD", ".notes.tmp-0123abc",
+                 ".notes.txt.bak-0123abcd", ".notes.txt.tmp-0123abcd.md", ".notes.txt.tmp-0123abcd.txt.bak",
+                 "..tmp-0123abcd", ".tmp-step_5"):
+        assert files.temporary_of(name) is None, name
+    with pytest.raises(ValueError):  # a name it would not recognise is never made
+        files.new_file_beside(tmp_path / "a.json", ".txt")

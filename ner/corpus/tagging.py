@@ -24,454 +24,30 @@ folder every process (and node) sees.
 from __future__ import annotations
 
 import argparse
-import glob
-import itertools
 import json
-import re
-import shutil
+import os
 import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
-from ner.data.examples import Example
-from ner.data.spans import entities_record, text_of
+from ner.corpus.inputs import Source, Unit, expand_inputs, parse_unit
+from ner.corpus.manifest import computation, prepare
+from ner.corpus.plan import (
+    CHUNK_TEXTS_RANGE,
+    CHUNKS_AIMED_FOR,
+    MERGED,
+    Plan,
+    chunk_texts_arg,
+    finished_chunks,
+    merge_parts,
+    owned_chunks,
+    part_name,
+)
+from ner.data.spans import entities_record
 from ner.errors import UserError, report
-from ner.files import atomic_write_text, sha256_file, staged_file
-
-MANIFEST, MERGED = "manifest.json", "predictions.jsonl"
-MANIFEST_VERSION = 2  # 2: the computation (precision, device, threads, ...) is pinned
-PART = re.compile(r"part-(\d{5,})\.jsonl")
-# ner/files.py names its temporary files `.NAME.tmp-<8 hex>SUFFIX`: ours beyond doubt when NAME is ours
-OUR_TEMP = re.compile(r"\.(part-\d{5,}\.jsonl|manifest\.json|predictions\.jsonl)\.tmp-[0-9a-f]{8}\.(jsonl|json)")
-# --chunk-texts auto: about CHUNKS_AIMED_FOR chunks of the corpus, within CHUNK_TEXTS_RANGE (docs/corpus.md:
-# chunks dealt round-robin balance processes only when each gets several, and every chunk costs a part-filled
-# forward per batch width, about 0.5-0.8 s on 2 CPU cores, so small chunks are slow)
-CHUNKS_AIMED_FOR, CHUNK_TEXTS_RANGE = 16, (2048, 4096)
-DEFAULT_CHUNK_TEXTS = CHUNK_TEXTS_RANGE[1]  # Ray Data's batch size (RayTagger)
-READ_BLOCK_BYTES = 1 << 20
-Unit = tuple[str, str, object]  # (kind, where, payload): a text as read, parsed only where it is tagged
-
-
-def part_name(chunk: int) -> str:
-    return f"part-{chunk:05d}.jsonl"
-
-
-def chunk_texts_arg(value: str) -> int | None:
-    """--chunk-texts: a count, or auto (None)."""
-    if value == "auto":
-        return None
-    try:
-        return int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of texts or auto, got {value!r}") from None
-
-
-def chunk_texts_for(requested: int | None, texts: int) -> int:
-    """The chunk size: as given, or for auto one from the corpus size alone (never from the number of processes,
-    so every run over the same input cuts the same chunks): about CHUNKS_AIMED_FOR, within CHUNK_TEXTS_RANGE."""
-    if requested is not None:
-        return requested
-    low, high = CHUNK_TEXTS_RANGE
-    return max(low, min(high, -(-texts // CHUNKS_AIMED_FOR)))
-
-
-# ----------------------------------------------------------------------------- inputs
-
-
-@dataclass(frozen=True)
-class Source:
-    """One input file (or datasets folder): `name` as the user's arguments spell it, `kind` how it is read."""
-
-    name: str
-    kind: str  # text | jsonl | parquet | dataset
-
-    @property
-    def path(self) -> Path:
-        return Path(self.name)
-
-    def files(self) -> list[Path]:
-        if self.kind != "dataset":
-            return [self.path]
-        return sorted(p for p in self.path.iterdir() if p.is_file() and not p.name.startswith("."))
-
-
-def _kind(path: Path, jsonl: bool) -> str:
-    if path.is_dir():
-        if (path / "dataset_dict.json").is_file():
-            splits = sorted(p.name for p in path.iterdir() if p.is_dir())
-            raise UserError(f"{path}: a datasets DatasetDict; pass one split's folder ({', '.join(splits)})")
-        return "dataset"
-    if path.suffix == ".parquet":
-        return "parquet"
-    return "jsonl" if jsonl else "text"
-
-
-def _is_dataset_folder(path: Path) -> bool:
-    return (path / "state.json").is_file() or (path / "dataset_dict.json").is_file()
-
-
-def _inside(path: Path, out_dir: Path) -> bool:
-    """Whether `path` is the resolved `out_dir` or under it, however it is spelt (relative, `..`, links)."""
-    resolved = path.resolve()
-    return resolved == out_dir or out_dir in resolved.parents
-
-
-def _folder_files(folder: Path, out_dir: Path) -> list[Path]:
-    """A folder's files, sorted by path, hidden ones and the output folder's left out."""
-    found = []
-    for path in sorted(folder.rglob("*")):
-        relative = path.relative_to(folder).parts
-        if path.is_file() and not any(part.startswith(".") for part in relative) and not _inside(path, out_dir):
-            found.append(path)
-    return found
-
-
-def expand_inputs(inputs: list[str], jsonl: bool, out_dir: Path) -> list[Source]:
-    """Files, globs and folders, in the order given; a glob's or folder's files sorted by path."""
-    out_dir = out_dir.resolve()
-    sources = []
-    for given in inputs:
-        path = Path(given)
-        if glob.has_magic(given):
-            paths = [Path(p) for p in sorted(glob.glob(given, recursive=True))]
-            paths = [p for p in paths if (p.is_file() or _is_dataset_folder(p)) and not _inside(p, out_dir)]
-            if not paths:
-                raise UserError(f"{given}: no file matches (outside --output-dir)")
-        elif path.is_dir() and not _is_dataset_folder(path):
-            paths = _folder_files(path, out_dir)
-            if not paths:
-                raise UserError(f"{given}: an empty folder")
-        elif path.exists() and _inside(path, out_dir):
-            raise UserError(f"{given}: inside --output-dir {out_dir}, where the output goes; choose an input "
-                            "outside it")
-        elif path.exists():
-            paths = [path]
-        else:
-            raise UserError(f"{given}: file not found")
-        sources += [Source(str(p), _kind(p, jsonl)) for p in paths]
-    return sources
-
-
-def _count_lines(path: Path) -> int:
-    """Texts in a raw-text file: its \\n-ended lines, plus a last line without one."""
-    count, last = 0, b"\n"
-    with open(path, "rb") as handle:
-        while block := handle.read(READ_BLOCK_BYTES):
-            count += block.count(b"\n")
-            last = block[-1:]
-    return count + (last != b"\n")
-
-
-def count_texts(source: Source, text_column: str) -> int:
-    """A streaming pass (raw text, JSONL) or the files' metadata (parquet, datasets)."""
-    if source.kind == "text":
-        return _count_lines(source.path)
-    if source.kind == "jsonl":
-        with open(source.path, "rb") as handle:
-            return sum(1 for line in handle if line.strip())
-    return len(_open_table(source, text_column))
-
-
-class _ParquetColumn:
-    def __init__(self, path: Path, column: str) -> None:
-        import pyarrow.parquet as pq
-
-        self.file = pq.ParquetFile(path)
-        if column not in self.file.schema_arrow.names:
-            raise UserError(f"{path}: no column {column!r} (it has {', '.join(self.file.schema_arrow.names)}); "
-                            "pass --text-column")
-        self.column = column
-
-    def __len__(self) -> int:
-        return self.file.metadata.num_rows
-
-    def __iter__(self) -> Iterator[object]:
-        for batch in self.file.iter_batches(batch_size=1024, columns=[self.column]):
-            yield from batch.column(0).to_pylist()
-
-
-class _DatasetColumn:
-    def __init__(self, path: Path, column: str) -> None:
-        import datasets
-
-        datasets.disable_progress_bars()
-        self.dataset = datasets.load_from_disk(str(path))  # memory-mapped Arrow: nothing read yet
-        if column not in self.dataset.column_names:
-            raise UserError(f"{path}: no column {column!r} (it has {', '.join(self.dataset.column_names)}); "
-                            "pass --text-column")
-        self.column = column
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __iter__(self) -> Iterator[object]:
-        for batch in self.dataset.select_columns([self.column]).iter(batch_size=1024):
-            yield from batch[self.column]
-
-
-def _open_table(source: Source, column: str):
-    return (_ParquetColumn if source.kind == "parquet" else _DatasetColumn)(source.path, column)
-
-
-def _file_lines(source: Source) -> Iterator[tuple[str, str, bytes]]:
-    with open(source.path, "rb") as handle:
-        for line_no, line in enumerate(handle, start=1):
-            if source.kind == "jsonl" and not line.strip():
-                continue
-            if line_no == 1 and line.startswith(b"\xef\xbb\xbf"):
-                line = line[3:]
-            line = line[:-1] if line.endswith(b"\n") else line
-            yield source.kind, f"{source.name}:{line_no}", line[:-1] if line.endswith(b"\r") else line
-
-
-def iter_units(sources: list[Source], text_column: str) -> Iterator[Unit]:
-    """(kind, where, payload) for every text in input order, read lazily: a raw line (bytes, parsed only when its
-    chunk is tagged here) or a table cell."""
-    for source in sources:
-        if source.kind in ("text", "jsonl"):
-            yield from _file_lines(source)
-        else:
-            for row, value in enumerate(_open_table(source, text_column)):
-                yield source.kind, f"{source.name}#{row}", value
-
-
-def parse_unit(kind: str, where: str, payload: object) -> dict:
-    """A text's record ({"text": ...} plus, for JSONL, its other fields); a bad one names its file and line."""
-    if isinstance(payload, bytes):
-        try:
-            line = payload.decode("utf-8")
-        except UnicodeDecodeError:
-            raise UserError(f"{where}: not UTF-8 text; re-save it as UTF-8") from None
-        if kind == "text":
-            return {"text": line}
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise UserError(f"{where}: not valid JSON ({exc.msg}); expected a JSON object with a \"text\"") from None
-        text_of(record, where)
-        return record
-    if not isinstance(payload, str):
-        raise UserError(f"{where}: the text column holds {type(payload).__name__}, not a string")
-    return {"text": payload}
-
-
-# ----------------------------------------------------------------------------- manifest
-
-
-def file_identity(path: Path) -> dict:
-    stat = path.stat()
-    return {"path": str(path.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
-
-
-def model_identity(model_dir: Path, runtime: str) -> dict:
-    """The files that decide the model's answers: weights, config, tokenizer, training_args.json. The model
-    card (README.md) and ONNX files another runtime reads are left out."""
-    from ner.inference.runtime import ONNX_FILES
-
-    if not (model_dir / "config.json").is_file():
-        raise UserError(f"{model_dir}: not a model folder (no config.json); pass OUTPUT_DIR/final")
-    unused = {name for key, name in ONNX_FILES.items() if key != runtime}
-    files = sorted(p for p in model_dir.iterdir() if p.is_file() and not p.name.startswith(".")
-                   and p.name != "README.md" and p.name not in unused)
-    return {"path": str(model_dir.resolve()), "sha256": {p.name: sha256_file(p) for p in files}}
-
-
-def corpus_settings(args: argparse.Namespace) -> dict:
-    """The options that decide what a part holds and how its lines are written (--chunk-texts: which texts)."""
-    return {"format": args.format, "jsonl": args.jsonl, "text_column": args.text_column,
-            "chunk_texts": "auto" if args.chunk_texts is None else args.chunk_texts}
-
-
-def computation(tagger, args: argparse.Namespace) -> dict:
-    """How this process computes the numbers, as its loaded Tagger does: the rest of what changes the output
-    bytes besides the model files. Threads count where the passes run on the CPU (a different count sums
-    in another order); the batch budget decides the padded shapes."""
-    runs_on = tagger.runtime.device_type
-    one_text = [Example([], [], "<text>", document=0)]  # each text is a document (Tagger.predict)
-    return {"runtime": tagger.runtime_name, "precision": tagger.precision, "device": runs_on,
-            "threads": intra_op_threads(tagger.runtime) if runs_on == "cpu" else None,
-            "casing": tagger.settings.casing, "context": "document" if tagger.uses_context(one_text) else "none",
-            "decode": tagger.decoder.method, "max_seq_length": tagger.max_seq_length,
-            "min_score": tagger.min_score or None,
-            "batch_size": args.batch_size, "max_tokens": args.max_tokens}
-
-
-def intra_op_threads(runtime) -> int:
-    """The threads one CPU operator uses: the ONNX session's own setting, else torch's."""
-    if hasattr(runtime, "session"):
-        return runtime.session.get_session_options().intra_op_num_threads
-    import torch
-
-    return torch.get_num_threads()
-
-
-def input_identity(sources: list[Source]) -> list[dict]:
-    return [{"name": s.name, "kind": s.kind, "files": [file_identity(p) for p in s.files()]} for s in sources]
-
-
-def how_to_match(key: str, old: object) -> str | None:
-    """What gives a resume the saved value back, where the user can choose it."""
-    if key == "threads":
-        return f"OMP_NUM_THREADS={old}" if old else None
-    if key == "device":
-        return f"a {old} device"
-    if key == "min_score" and old:
-        return "--min-score " + ",".join(f"{kind}={score}" if kind else str(score) for kind, score in old.items())
-    if key == "casing" or old is None:
-        return None  # casing is the model's (training_args.json); None: the default, so no option to pass
-    flag = "--mixed-precision" if key == "precision" else "--" + key.replace("_", "-")
-    if isinstance(old, bool):
-        return flag if old else f"no {flag}"
-    return f"{flag} {old}"
-
-
-def setting_differences(saved: dict, current: dict) -> tuple[list[str], list[str]]:
-    """(each differing option or computation setting, `name: old before, new now`; how to get the old back)."""
-    found, fixes = [], []
-    for section, prefix in (("settings", "--"), ("computation", "")):
-        for key, value in current[section].items():
-            old = saved.get(section, {}).get(key)
-            if old != value:
-                name = prefix + key.replace("_", "-") if prefix else key
-                found.append(f"{name}: {old!r} before, {value!r} now")
-                fixes += [fix] if (fix := how_to_match(key, old)) else []
-    return found, fixes
-
-
-def input_differences(saved: dict, current: dict) -> list[str]:
-    old_inputs = {f["path"]: f for s in saved.get("inputs", []) for f in s["files"]}
-    new_inputs = {f["path"]: f for s in current["inputs"] for f in s["files"]}
-    found = [f"input {path} no longer given" for path in sorted(old_inputs.keys() - new_inputs.keys())]
-    found += [f"input {path} added" for path in sorted(new_inputs.keys() - old_inputs.keys())]
-    found += [f"input {path} changed (size or modification time)"
-              for path in sorted(old_inputs.keys() & new_inputs.keys()) if old_inputs[path] != new_inputs[path]]
-    if not found and [s["name"] for s in saved["inputs"]] != [s["name"] for s in current["inputs"]]:
-        found.append("the inputs' order changed")
-    return found
-
-
-def model_differences(saved: dict, current: dict) -> list[str]:
-    old, new = saved.get("model", {}).get("sha256", {}), current["model"]["sha256"]
-    changed = sorted(name for name in old.keys() | new.keys() if old.get(name) != new.get(name))
-    return [f"model files changed ({', '.join(changed)})"] if changed else []
-
-
-def check_resumable(out_dir: Path, saved: dict, current: dict) -> None:
-    """Refuse a resume whose parts could differ from the finished ones, naming each difference and its fix."""
-    if saved.get("version") != MANIFEST_VERSION:
-        raise UserError(f"{out_dir / MANIFEST}: manifest version {saved.get('version')!r}, this ner.predict "
-                        f"writes version {MANIFEST_VERSION} (it also pins the precision, device and threads the "
-                        "parts were computed with); finish that run with the ner.predict that started it, or pass "
-                        "--overwrite to start again")
-    settings, fixes = setting_differences(saved, current)
-    changed = model_differences(saved, current) + settings + input_differences(saved, current)
-    if changed:
-        how = f" ({', '.join(fixes)})" if fixes else ""
-        raise UserError(f"{out_dir}: written by another run ({'; '.join(changed)}); run with that run's model, "
-                        f"settings and input{how} to resume, or pass --overwrite to start again (it removes only "
-                        f"parts, manifest and {MERGED})")
-
-
-# ----------------------------------------------------------------------------- the output folder
-
-
-def ours(name: str) -> bool:
-    return name in (MANIFEST, MERGED) or bool(PART.fullmatch(name)) or bool(OUR_TEMP.fullmatch(name))
-
-
-def remove_ours(out_dir: Path, temporaries_only: bool = False) -> None:
-    """Delete what this tool writes in OUT (parts, manifest, merged file, their temporary files); nothing else."""
-    for path in out_dir.iterdir():
-        if path.is_file() and ours(path.name) and (not temporaries_only or OUR_TEMP.fullmatch(path.name)):
-            path.unlink()
-
-
-def check_folder_is_ours(out_dir: Path) -> dict | None:
-    """The manifest of a folder this tool wrote, None for a new or empty folder; another folder is refused."""
-    if not out_dir.exists():
-        return None
-    if not out_dir.is_dir():
-        raise UserError(f"{out_dir}: not a folder; --output-dir needs a new or empty folder, or one it wrote")
-    manifest = out_dir / MANIFEST
-    if manifest.is_file():
-        saved = json.loads(manifest.read_text(encoding="utf-8"))
-        if saved.get("tool") == "ner.predict":
-            return saved
-    other = next(iter(sorted(out_dir.iterdir())), None)
-    if other is not None:
-        raise UserError(f"{other}: --output-dir {out_dir} is not empty and holds no ner.predict manifest; "
-                        "pick a new or empty folder (nothing was changed there)")
-    return None
-
-
-def finished_chunks(out_dir: Path) -> set[int]:
-    """Parts on disk: each exists only whole (renamed into place after it was written)."""
-    return {int(m.group(1)) for p in out_dir.iterdir() if (m := PART.fullmatch(p.name))}
-
-
-@dataclass(frozen=True)
-class Plan:
-    texts: int
-    chunk_texts: int
-    done: frozenset[int]
-
-    @property
-    def chunks(self) -> int:
-        return -(-self.texts // self.chunk_texts)
-
-    def size(self, chunk: int) -> int:
-        return min(self.chunk_texts, self.texts - chunk * self.chunk_texts)
-
-    def mine(self, rank: int, world: int) -> list[int]:
-        """The chunks not done, dealt round-robin: balanced on a fresh run and on a resume alike."""
-        return [k for k in range(self.chunks) if k not in self.done][rank::world]
-
-
-def prepare(args: argparse.Namespace, sources: list[Source], computed: dict) -> Plan:
-    """Rank 0, before anyone writes: check OUT, refuse a changed run (or start again), count, write the manifest."""
-    out_dir: Path = args.output_dir
-    saved = check_folder_is_ours(out_dir)
-    current = {"tool": "ner.predict", "version": MANIFEST_VERSION,
-               "model": model_identity(args.model_dir, args.runtime), "settings": corpus_settings(args),
-               "computation": computed, "inputs": input_identity(sources)}
-    if saved is not None and args.overwrite:
-        remove_ours(out_dir)
-        saved = None
-    if saved is not None:
-        check_resumable(out_dir, saved, current)
-        remove_ours(out_dir, temporaries_only=True)  # a killed writer's leftovers; the parts are whole
-        chunk_texts = saved.get("chunk_texts") or chunk_texts_for(args.chunk_texts, saved["texts"])
-        return Plan(saved["texts"], chunk_texts, frozenset(finished_chunks(out_dir)))
-    counts = [count_texts(source, args.text_column) for source in sources]
-    for source, count in zip(current["inputs"], counts):
-        source["texts"] = count
-    current["texts"] = sum(counts)
-    current["chunk_texts"] = chunk_texts_for(args.chunk_texts, current["texts"])
-    out_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out_dir / MANIFEST, json.dumps(current, indent=1) + "\n", fsync=True)
-    return Plan(current["texts"], current["chunk_texts"], frozenset())
-
-
-# ----------------------------------------------------------------------------- tagging
-
-
-def owned_chunks(sources: list[Source], text_column: str, plan: Plan,
-                 mine: list[int]) -> Iterator[tuple[int, list[Unit]]]:
-    """(k, units) for this process's chunks, streaming past the others (their lines are never parsed)."""
-    wanted = set(mine)
-    if not wanted:
-        return
-    units = iter_units(sources, text_column)
-    for k in range(max(wanted) + 1):
-        chunk = list(itertools.islice(units, plan.size(k))) if k in wanted else None
-        if chunk is None:
-            for _ in itertools.islice(units, plan.size(k)):
-                pass
-            continue
-        yield k, chunk
+from ner.files import atomic_write_text
 
 
 def output_line(record: dict, where: str, found: list[dict], spans: bool, raw_text: bool) -> str:
@@ -537,28 +113,13 @@ def tag_my_chunks(args: argparse.Namespace, backend, tagger, sources: list[Sourc
         progress.report()
 
 
-def merge_parts(out_dir: Path, plan: Plan) -> Path:
-    """OUT/predictions.jsonl: the parts in order, streamed, written whole or not at all."""
-    missing = [part_name(k) for k in range(plan.chunks) if not (out_dir / part_name(k)).is_file()]
-    if missing:
-        raise UserError(f"{out_dir}: cannot merge, {len(missing)} part(s) missing ({missing[0]}, ...); rerun the "
-                        "command to tag them")
-    with staged_file(out_dir / MERGED, fsync=True) as tmp, open(tmp, "wb") as merged:
-        for k in range(plan.chunks):
-            with open(out_dir / part_name(k), "rb") as part:
-                shutil.copyfileobj(part, merged, READ_BLOCK_BYTES)
-    return out_dir / MERGED
-
-
 def load_tagger(args: argparse.Namespace, backend):
     """This process's model copy on its device; --batch-size / --max-tokens resolved for what runs the passes
     (before the manifest is written, so a resume on another device type is refused, not mixed)."""
     from ner.inference.options import inference_budget
     from ner.inference.tagger import Tagger
 
-    tagger = Tagger(args.model_dir, device=str(backend.device), precision=args.mixed_precision,
-                    max_seq_length=args.max_seq_length, context=args.context, decode=args.decode,
-                    runtime=args.runtime, min_score=args.min_score)
+    tagger = Tagger.from_args(args, device=None if backend.device is None else str(backend.device))
     args.batch_size, args.max_tokens = inference_budget(tagger.runtime.device_type, args.batch_size,
                                                         args.max_tokens)
     return tagger
@@ -617,12 +178,36 @@ def check_corpus_args(args: argparse.Namespace) -> None:
         raise UserError("--output-dir needs INPUT files, globs or folders (stdin cannot be resumed)")
 
 
-def tag_corpus(args: argparse.Namespace) -> int:
-    """The whole run in every process; an error is printed once, by rank 0, before any process leaves."""
+class OneProcess:
+    """The processes' meeting points where one process runs an ONNX runtime: nothing to meet, and no torch (the
+    backends import it). `device` None: the Tagger's own default, as `ner.predict` without --output-dir."""
+
+    process_index, num_processes, is_main_process, device = 0, 1, True, None
+
+    def wait_for_everyone(self) -> None:
+        pass
+
+    def gather_object(self, obj: object) -> list:
+        return [obj]
+
+    def end(self) -> None:
+        pass
+
+
+def corpus_backend(args: argparse.Namespace):
+    """ner.backends' inference_backend (a process group where a launcher started several), except for one process
+    that needs no torch: WORLD_SIZE unset or 1 (the rule inference_backend follows) and an ONNX runtime."""
+    if args.runtime != "torch" and int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return OneProcess()
     from ner.backends import inference_backend
 
+    return inference_backend(args.dist_timeout)
+
+
+def tag_corpus(args: argparse.Namespace) -> int:
+    """The whole run in every process; an error is printed once, by rank 0, before any process leaves."""
     check_corpus_args(args)
-    backend = inference_backend(args.dist_timeout)
+    backend = corpus_backend(args)
     try:
         tag_on_every_process(args, backend)
     except UserError as exc:  # raised by every process at once (all_or_none)
@@ -681,36 +266,3 @@ def add_corpus_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--text-column", default="text", help="parquet / datasets input: the column of texts")
     group.add_argument("--dist-timeout", type=float, default=7200.0,
                        help="seconds a process waits for the others at the start and the end (default: 7200)")
-
-
-# ----------------------------------------------------------------------------- Ray Data
-
-
-class RayTagger:
-    """A Tagger as the callable class Ray Data's `map_batches` takes for offline batch inference: each actor
-    loads the model once, then tags batches of rows; `entities` is added as a JSON string per row (the list
-    ner.predict writes), so the column holds one Arrow type whatever is found. Imports no Ray itself.
-
-        ds = ray.data.read_parquet("s3://bucket/corpus/")
-        ds = ds.map_batches(RayTagger, fn_constructor_kwargs={"model_dir": "runs/ner/final"},
-                            batch_size=DEFAULT_CHUNK_TEXTS, concurrency=4, num_gpus=1)
-        ds.write_parquet("s3://bucket/tagged/")
-    """
-
-    def __init__(self, model_dir: str, text_column: str = "text", batch_size: int | None = None,
-                 max_tokens: int | None = None, **tagger_options) -> None:
-        from ner.inference.tagger import Tagger
-
-        self.tagger = Tagger(model_dir, **tagger_options)
-        self.text_column = text_column
-        self.max_sentences, self.max_tokens = batch_size, max_tokens  # None: the device's default (Tagger.tag)
-
-    def __call__(self, batch: dict) -> dict:
-        import numpy as np
-
-        # a missing or non-string text fails its batch with the row named, as the CLI refuses it
-        texts = [parse_unit("table", f"{self.text_column} row {row} of this batch", text)["text"]
-                 for row, text in enumerate(batch[self.text_column])]
-        results = self.tagger.predict(texts, self.max_sentences, self.max_tokens)
-        found = [json.dumps(result["entities"], ensure_ascii=False) for result in results]
-        return {**batch, "entities": np.array(found, dtype=object)}

@@ -9,10 +9,11 @@ Layout of `OUTPUT_DIR/checkpoints/step_<N>/`:
     trainer_state.json  step, epoch, batch position, best F1, config, labels, library versions
     manifest.json       name, size and sha256 of every file above; written last
 
-A checkpoint is complete only when its manifest exists and matches: the folder is written as
-`.tmp-step_<N>`, every file fsynced, the manifest written last, and only then renamed into place, so a
-`step_<N>` folder always has its manifest. The manifest is also the record of what the run wrote there:
-rotation and --overwrite-output-dir remove a checkpoint only when it holds nothing else.
+A checkpoint is complete only when its manifest exists and matches: the folder is written under a temporary
+name of ner/files.py (`.step_<N>.new-<random>`; `.tmp-step_<N>` before), every file fsynced, the manifest
+written last, and only then renamed into place, so a `step_<N>` folder always has its manifest. The manifest
+is also the record of what the run wrote there: rotation and --overwrite-output-dir remove a checkpoint only
+when it holds nothing else.
 
 OUTPUT_DIR/trackers/.ner-trackers.json lists every path the --report-to trackers wrote in trackers/: brought up to
 date at each checkpoint and when the run ends (trackers write their last files as they close), by the process
@@ -25,6 +26,7 @@ import json
 import logging
 import os
 import random
+import re
 import shutil
 from pathlib import Path, PurePosixPath
 
@@ -34,7 +36,7 @@ from safetensors.torch import load_file
 
 from ner.backends import Backend
 from ner.errors import UserError
-from ner.files import atomic_write_text, fsync_path, replace_folder, sha256_file
+from ner.files import atomic_write_text, fsync_path, new_folder_beside, replace_folder, sha256_file, temporary_of
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +44,8 @@ CHECKPOINTS = "checkpoints"
 TRACKERS = "trackers"  # OUTPUT_DIR/trackers/: the --report-to trackers' local files
 TRACKER_RECORD = ".ner-trackers.json"  # in trackers/: every path the trackers wrote there
 MANIFEST = "manifest.json"
+CHECKPOINT_NAME = re.compile(r"step_\d+")
+LEGACY_STAGING_NAME = re.compile(r"\.tmp-step_\d+")  # a save's folder before ner/files.py named it: still ours
 STATE = "trainer_state.json"
 # Options that may differ on resume. Most change where output goes or how often, not the math.
 # Two change the run's length: with a new --max-steps / --num-epochs the learning-rate schedule
@@ -100,14 +104,13 @@ def save_checkpoint(backend: Backend, output_dir: Path, step: int, model, tokeni
                     trainer_state: dict) -> Path:
     """Collective: every rank calls it. Returns the final folder."""
     root = checkpoint_root(output_dir)
-    tmp = root / f".tmp-step_{step}"
-    final = root / f"step_{step}"
+    final, tmp = root / f"step_{step}", None
     if backend.is_main_process:
         root.mkdir(parents=True, exist_ok=True)
         for stale in stale_folders(root):
             shutil.rmtree(stale, ignore_errors=True)
-        tmp.mkdir()
-    backend.wait_for_everyone()
+        tmp = new_folder_beside(final, "new")
+    tmp = backend.gather_object(tmp)[0]  # a random name: every rank learns it from rank 0 (and waits for it)
     torch.save(rng_state(), tmp / f"rng_rank{backend.process_index}.pt")
     if backend.is_main_process:
         bare = backend.unwrap_model(model)
@@ -138,7 +141,14 @@ def _seal(tmp: Path, final: Path, step: int) -> None:
 def stale_folders(root: Path) -> list[Path]:
     """Left in OUTPUT_DIR/checkpoints/ by a run killed while saving: its staging folders, and a superseded
     copy moved aside by replace_folder. Names only this tool gives, in a folder only it writes."""
-    return [p for pattern in (".tmp-step_*", ".step_*.old-*") for p in root.glob(pattern) if p.is_dir()]
+    return sorted(p for p in root.iterdir() if is_staging_name(p.name) and p.is_dir())
+
+
+def is_staging_name(name: str) -> bool:
+    """A name a save gives a folder in checkpoints/ while it works: ner/files.py's temporary names of a step_<N>
+    (being filled, or a superseded copy moved aside), or the `.tmp-step_<N>` of versions before."""
+    final = temporary_of(name, roles=("new", "old"))
+    return bool(final is not None and CHECKPOINT_NAME.fullmatch(final)) or bool(LEGACY_STAGING_NAME.fullmatch(name))
 
 
 def verify(folder: Path) -> str | None:

@@ -9,7 +9,6 @@ import json
 import logging
 import os
 import random
-import re
 import shlex
 import shutil
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ from ner.data.encode import cached_encode, collate_tensors, drop_casing, padded_
 from ner.data.examples import Columns, build_label_list, check_known_labels, has_documents, write_predictions
 from ner.data.formats import Splits, load_splits
 from ner.errors import UserError, log_to_stderr
+from ner.files import temporary_of
 from ner.inference.analysis import entity_errors, format_errors
 from ner.inference.decode import Decoder
 from ner.inference.tagger import EvalSet, build_eval_set, predict_tags
@@ -47,7 +47,7 @@ from ner.training.model import (
     build_optimizer,
     build_scheduler,
     encoder_hidden_size,
-    load_tokenizer,
+    encoder_tokenizer,
     lowercases,
     takes_token_types,
 )
@@ -59,11 +59,9 @@ log = logging.getLogger("ner")
 RUN_MARKERS = ("checkpoints", "final", "metrics.jsonl", "predictions", "loss_lr.png", "validation_f1.png",
                "per_type_f1.png", "confusion.png", ckpt.TRACKERS)
 RUN_FILES = {"metrics.jsonl", "loss_lr.png", "validation_f1.png", "per_type_f1.png", "confusion.png"}
-# The names a run gives inside checkpoints/ (staging names included: whole folders only this tool writes) and
-# predictions/. What a checkpoint, final/ and trackers/ hold is checked against their records.
-CHECKPOINT_NAME = re.compile(r"step_\d+")
-STAGING_NAME = re.compile(r"\.tmp-step_\d+|\.step_\d+\.old-\w+")
-PREDICTION_NAME = re.compile(r"validation\.conll|\.validation\.conll\.tmp-\w+\.conll")
+# The file a run writes in predictions/ (its temporary names are ner/files.py's); the names it gives inside
+# checkpoints/ are checkpoint.py's. What a checkpoint, final/ and trackers/ hold is checked against their records.
+VALIDATION_PREDICTIONS = "validation.conll"
 
 
 def setup_logging(is_main: bool) -> None:
@@ -187,10 +185,15 @@ def not_written_by_a_run(out: Path, markers: list[str]) -> list[Path]:
         elif marker == "checkpoints":
             foreign += foreign_in_checkpoints(path)
         elif marker == "predictions":
-            foreign += [p for p in sorted(path.iterdir()) if not (PREDICTION_NAME.fullmatch(p.name) and p.is_file())]
+            foreign += [p for p in sorted(path.iterdir()) if not (is_prediction_name(p.name) and p.is_file())]
         elif marker == ckpt.TRACKERS:
             foreign += ckpt.unrecorded_tracker_files(out)
     return foreign
+
+
+def is_prediction_name(name: str) -> bool:
+    """predictions/validation.conll, or a temporary file ner/files.py wrote it through (a run killed meanwhile)."""
+    return name == VALIDATION_PREDICTIONS or temporary_of(name, roles=("tmp",)) == VALIDATION_PREDICTIONS
 
 
 def foreign_in_final(final: Path) -> list[Path]:
@@ -205,9 +208,9 @@ def foreign_in_final(final: Path) -> list[Path]:
 def foreign_in_checkpoints(root: Path) -> list[Path]:
     foreign = []
     for entry in sorted(root.iterdir()):
-        if CHECKPOINT_NAME.fullmatch(entry.name) and entry.is_dir() and not entry.is_symlink():
+        if ckpt.CHECKPOINT_NAME.fullmatch(entry.name) and entry.is_dir() and not entry.is_symlink():
             foreign += ckpt.not_in_manifest(entry)
-        elif not (STAGING_NAME.fullmatch(entry.name) and entry.is_dir()):
+        elif not (ckpt.is_staging_name(entry.name) and entry.is_dir()):
             foreign.append(entry)
     return foreign
 
@@ -244,7 +247,7 @@ def run(cfg: TrainConfig, backend: Backend) -> dict:
     seed_everything(cfg.seed)
     splits = read_data(cfg)
     cfg = resolve_context(cfg, has_documents(splits.train))
-    tokenizer = load_tokenizer(cfg.model, cfg.trust_remote_code)
+    tokenizer = encoder_tokenizer(cfg.model, cfg.trust_remote_code)
     cfg = resolve_casing(cfg, lowercases(tokenizer), takes_token_types(cfg.model, tokenizer, cfg.trust_remote_code))
     data = prepare_data(cfg, splits, tokenizer)
     if cfg.early_stopping_patience and "validation" not in data.eval_features:
@@ -301,7 +304,7 @@ def write_validation_predictions(cfg: TrainConfig, backend: Backend, model: torc
     if predicted is None:  # the best evaluation happened before a resume: predict with the loaded best model
         predicted = predict_tags(model, validation, backend, data.tokenizer.pad_token_id, data.decoder)
     if backend.is_main_process:
-        write_predictions(cfg.output_path / "predictions" / "validation.conll",
+        write_predictions(cfg.output_path / "predictions" / VALIDATION_PREDICTIONS,
                           [e.words for e in validation.examples], [e.tags for e in validation.examples], predicted)
     return predicted
 

@@ -5,8 +5,8 @@
     curl -s localhost:8000/predict -H 'Authorization: Bearer s3cret' -d '{"text": "Ada Lovelace"}'
 
 The models describe; they do not parse. A pydantic body parameter would have FastAPI read the whole body
-before the --max-request-bytes cap (serve.read_body refuses while streaming) and answer with its own 422
-messages, and a response_model would re-serialise every answer; so serve.parse_texts reads the body by hand
+before the --max-request-bytes cap (requests.read_body refuses while streaming) and answer with its own 422
+messages, and a response_model would re-serialise every answer; so requests.parse_texts reads the body by hand
 and these models only feed the document. Every model forbids extra keys: the document says exactly what is
 sent and answered, and tests/test_serve_api.py (schemathesis) checks the answers against it.
 """

@@ -21,7 +21,7 @@ from versions that post there), and every NER_RETRAIN_EVERY new annotations wher
 JSON export is fetched from LABEL_STUDIO_URL with LABEL_STUDIO_API_KEY (both from the environment only: /setup
 never changes where the key goes), `python -m ner.train` fine-tunes the served model on it in a separate
 process, and the new export is loaded off the event loop with the server's own options and swapped in with
-one assignment, in every worker (RetrainOptions and Retrainer say how it is bounded).
+one assignment, in every worker (retrain.py: RetrainOptions and Retrainer say how it is bounded).
 
 The label config is parsed with defusedxml where it is installed, else with the standard library's
 ElementTree after refusing any <!DOCTYPE>/<!ENTITY> (a label config needs neither, and entity

@@ -68,6 +68,17 @@ def _save(figure: Figure, path: Path) -> Path:
     return path
 
 
+def _percent_plot(figure: Figure, ax, xlabel: str, ylabel: str, title: str, path: Path) -> Path:
+    """The finish of a plot whose y axis is a percentage: labels, grid, the legend right of the axes, saved."""
+    ax.set_ylim(0, 102)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=9, frameon=False)
+    return _save(figure, path)
+
+
 def _step_axis(ax, steps: list[int]) -> None:
     """Whole steps only, and some room around a single point."""
     ax.xaxis.set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 2.5, 5, 10]))
@@ -113,14 +124,8 @@ def plot_validation_f1(evals: list[dict], path: Path) -> Path:
     ax.plot([best["step"]], [best["eval"]["f1"] * 100], marker="*", markersize=16, color="gold",
             markeredgecolor="black", linestyle="none", label=f"best: {best['eval']['f1'] * 100:.2f} "
             f"at step {best['step']}")
-    ax.set_ylim(0, 102)
-    ax.set_xlabel("optimizer step")
     _step_axis(ax, steps)
-    ax.set_ylabel("entity F1 (%)")
-    ax.set_title("Validation F1 (entity-level, seqeval)")
-    ax.grid(alpha=0.3)
-    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=9, frameon=False)
-    return _save(figure, path)
+    return _percent_plot(figure, ax, "optimizer step", "entity F1 (%)", "Validation F1 (entity-level, seqeval)", path)
 
 
 def plot_per_type(record: dict, path: Path) -> Path:
@@ -197,13 +202,8 @@ def plot_precision_recall(thresholds: dict, path: Path, target_precision: float 
         ax.axhline(target_precision * 100, color="grey", linestyle="--", linewidth=1,
                    label=f"target precision {target_precision:g}")
     ax.set_xlim(0, 102)
-    ax.set_ylim(0, 102)
-    ax.set_xlabel("recall (%)")
-    ax.set_ylabel("precision (%)")
-    ax.set_title("Precision against recall over entity score thresholds (dots: 0.5 and 0.9)")
-    ax.grid(alpha=0.3)
-    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=9, frameon=False)
-    return _save(figure, path)
+    return _percent_plot(figure, ax, "recall (%)", "precision (%)",
+                         "Precision against recall over entity score thresholds (dots: 0.5 and 0.9)", path)
 
 
 def plot_reliability(calibration: dict, path: Path) -> Path:

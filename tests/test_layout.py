@@ -171,10 +171,12 @@ def import_graphs() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
 
 def test_data_readers_import_one_way():
     # formats.py picks the reader; data.py (CoNLL, JSON lines) and spans.py (character spans) never import it,
-    # and data.py never imports spans.py (spans.py builds on data.py's Example).
+    # and data.py never imports spans.py (spans.py builds on data.py's Example); span_files.py reads the files whose
+    # spans spans.py aligns.
     top, lazy = import_graphs()
     assert not (top["ner.data.examples"] | lazy["ner.data.examples"]) & {"ner.data.spans", "ner.data.formats"}
-    assert "ner.data.formats" not in top["ner.data.spans"] | lazy["ner.data.spans"]
+    for spans in ("ner.data.spans", "ner.data.span_files"):
+        assert "ner.data.formats" not in top[spans] | lazy[spans]
     assert {"ner.data.examples", "ner.data.spans"} <= top["ner.data.formats"]
 
 

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from ner.data.spans import text_of
+from ner.data.span_files import text_of
 from ner.errors import UserError
 
 READ_BLOCK_BYTES = 1 << 20

@@ -3,7 +3,8 @@ no other group (tests/test_layout.py): training, inference, serving and corpus t
 
     examples.py   Example, CoNLL / JSON lines / `datasets` readers and writers, tag schemes, label lists
     formats.py    which reader a file needs (read_examples, load_splits): the one place that knows every format
-    spans.py      character spans of annotation tools (doccano, Prodigy, Label Studio) <-> words with tags
+    spans.py      character spans <-> words with tags: the alignment, and tags back to spans
+    span_files.py reading annotation tools' span files (doccano, Prodigy, Label Studio, spaCy) as span records
     text.py       raw text -> words with character offsets
     tags.py       tags -> entities (get_entities)
     tokenizer.py  the one tokenizer loader, for training's encoder and for an export

@@ -6,8 +6,8 @@
 
 A folder is a `datasets` save_to_disk folder; a file's format is found from its first bytes (`detect_format`)
 or named with --data-format: CoNLL, JSON lines of words and tags (ner/data/examples.py), or character spans over
-raw text from annotation tools (ner/data/spans.py). This module imports both readers, so that neither imports
-the other (docs/data_formats.md describes the formats).
+raw text from annotation tools (ner/data/span_files.py, aligned by spans.py). This module imports both readers,
+so that neither imports the other (docs/data_formats.md describes the formats).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from ner.data import spans
+from ner.data import span_files, spans
 from ner.data.examples import (
     Columns,
     Example,
@@ -32,7 +32,7 @@ from ner.errors import UserError
 log = logging.getLogger("ner")
 
 # What a file holds: found from its content (auto) or named with --data-format. spans, label-studio and
-# spacy are character spans over raw text (ner/data/spans.py).
+# spacy are character spans over raw text (ner/data/span_files.py).
 DATA_FORMATS = ("auto", "conll", "jsonl", "spans", "label-studio", "spacy")
 
 
@@ -53,7 +53,7 @@ def read_examples(path: str | Path, columns: Columns = Columns(), split: str = "
         return read_conll(path)
     if found == "jsonl":
         return read_jsonl(path, columns)
-    return spans.to_examples(spans.read_span_records(path, found, columns), str(path), span_alignment)
+    return spans.to_examples(span_files.read_span_records(path, found, columns), str(path), span_alignment)
 
 
 def detect_format(path: Path, columns: Columns = Columns()) -> str:

@@ -23,7 +23,8 @@ from ner.data.encode import (
 from ner.data.examples import Example
 from ner.data.tokenizer import load_tokenizer
 from ner.errors import UserError
-from ner.training.config import TrainConfig, resolve_casing
+from ner.training.auto import resolve_casing
+from ner.training.config import TrainConfig
 from ner.training.model import build_model, lowercases, takes_token_types, widen_token_types
 
 

@@ -81,7 +81,7 @@ def test_help_lists_every_flag_with_its_default(entry):
 
 
 def test_auto_defaults_follow_the_measured_rules():
-    from ner.training.config import auto_learning_rate, auto_num_epochs
+    from ner.training.auto import auto_learning_rate, auto_num_epochs
 
     assert auto_num_epochs(29) == 10  # the shipped sample: ~29 updates an epoch
     assert auto_num_epochs(300) == 5
@@ -91,7 +91,7 @@ def test_auto_defaults_follow_the_measured_rules():
 
 
 def test_auto_values_resolve_into_a_new_config_once(caplog):
-    from ner.training.config import resolve_auto
+    from ner.training.auto import resolve_auto
 
     caplog.set_level("INFO", logger="ner")
     given = TrainConfig()

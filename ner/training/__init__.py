@@ -1,7 +1,8 @@
 """Training: one run on one process, from data to an exported model, over any backend (ner/backends/). May
 import every group but serving and corpus tagging; nothing but the commands imports it.
 
-    config.py      TrainConfig: every option with its default, unit and help; YAML + flags; auto values
+    config.py      TrainConfig: every option with its default, unit and help; YAML + flags
+    auto.py        the auto options (batch size, epochs, learning rate, context, casing), resolved for a run
     run.py         wiring of one run: data -> model -> prepare -> fit -> evaluate -> export
     loop.py        the one training loop, written against the Backend protocol
     hooks.py       around each update: evaluation, early stopping, checkpoints, logging

@@ -138,6 +138,7 @@ class InferenceGroup(_Collectives):
                             self.num_processes)
 
     def end(self) -> None:
+        dist.barrier()  # every process is done with the group before any tears it down
         dist.destroy_process_group()
 
 

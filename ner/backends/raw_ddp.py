@@ -138,8 +138,10 @@ class InferenceGroup(_Collectives):
                             self.num_processes)
 
     def end(self) -> None:
-        dist.barrier()  # every process is done with the group before any tears it down
-        dist.destroy_process_group()
+        try:
+            dist.barrier()  # every process is done with the group before any tears it down
+        finally:
+            dist.destroy_process_group()  # also where a process has died and the barrier fails
 
 
 def _world(local_rank_arg: int | None) -> tuple[int, int, int] | None:

@@ -45,6 +45,13 @@ def test_byte_level_bpe_as_saved_drops_the_space_the_loader_restores(tiny_robert
     assert split == [i for word in words for i in tokenizer(" " + word, add_special_tokens=False)["input_ids"]]
 
 
+def test_an_exports_tokenizer_is_loaded_as_saved(tiny_roberta):
+    """Inference takes an export's tokenizer as its model was trained with it, even one without the space (an
+    export from before the loader added it): only training's encoder is loaded again with it."""
+    assert not splits_words_as_running_text(load_tokenizer(tiny_roberta, as_saved=True))
+    assert splits_words_as_running_text(load_tokenizer(tiny_roberta))
+
+
 def test_the_export_tokenizer_keeps_the_running_text_pieces(tiny_roberta, tiny_data, tmp_path):
     from transformers import AutoTokenizer
 

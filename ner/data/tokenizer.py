@@ -13,14 +13,16 @@ from ner.errors import UserError
 log = logging.getLogger("ner")
 
 
-def load_tokenizer(source: str | Path, trust_remote_code: bool = False, name: str | None = None):
+def load_tokenizer(source: str | Path, trust_remote_code: bool = False, name: str | None = None,
+                   as_saved: bool = False):
     """The tokenizer of `source` (a folder or a hub id). Byte-level BPE (RoBERTa, ModernBERT, GPT-2 style) loads
     without a space before each word unless asked, and the encoder then sees word-initial pieces it never saw in
-    pretraining: such a tokenizer is loaded again with the space, and the export saves the setting. `name`: how
-    messages call it (--model NAME); default: `source`."""
+    pretraining: such a tokenizer is loaded again with the space, and the export saves the setting. `as_saved`:
+    an export's tokenizer, kept as its model was trained with it. `name`: how messages call it (--model NAME);
+    default: `source`."""
     name = name or str(source)
     tokenizer = _from_pretrained(source, trust_remote_code)
-    if not splits_words_as_running_text(tokenizer):
+    if not as_saved and not splits_words_as_running_text(tokenizer):
         tokenizer = _from_pretrained(source, trust_remote_code, add_prefix_space=True)
         if not splits_words_as_running_text(tokenizer):  # a class that ignores the argument (ModernBERT's)
             add_prefix_space(tokenizer)

@@ -226,7 +226,7 @@ class Tagger:
             raise UserError(f"{model_dir}: not a model folder (no config.json); pass OUTPUT_DIR/final")
         if runtime not in RUNTIMES:
             raise UserError(f"--runtime {runtime}: expected one of {', '.join(RUNTIMES)}")
-        self.tokenizer = load_tokenizer(model_dir)
+        self.tokenizer = load_tokenizer(model_dir, as_saved=True)  # the pieces the model was trained on
         config = read_json(model_dir / "config.json")  # not AutoConfig: it imports torch (transformers 5)
         self.id2label = model_labels(config)
         self.runtime_name = runtime

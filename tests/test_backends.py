@@ -138,3 +138,24 @@ def test_checkpoint_from_one_backend_resumes_under_another(tiny_bert, tiny_data,
     reference = one_process_runs["accelerate"]
     assert run["losses"] == pytest.approx(reference["losses"], abs=1e-6)
     assert max_weight_difference(run["weights"], reference["weights"]) <= 1e-5
+
+
+# An InferenceGroup meets torch.distributed.nn only after init_process_group (transformers' from_pretrained
+# imports it then). Its functions' `group=group.WORLD` defaults must not keep the group alive past end(): gloo's
+# threads would then free a tensor while Python shuts down, and the process aborts after its work is done.
+RELEASE_CHECK = """
+import os, sys, weakref
+from ner.backends.raw_ddp import InferenceGroup, _free_port
+import torch.distributed as dist
+os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+group = InferenceGroup(timeout_s=60)
+world = weakref.ref(dist.group.WORLD)
+import torch.distributed.nn.functional
+group.end()
+sys.exit(0 if world() is None else 'the process group outlived end()')
+"""
+
+
+def test_the_inference_group_is_freed_at_end_though_torch_distributed_nn_comes_after_it():
+    released = run_cli([sys.executable, "-c", RELEASE_CHECK], timeout=120)
+    assert released.returncode == 0, released.stderr[-2000:]

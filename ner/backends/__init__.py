@@ -16,6 +16,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch
+# Before any process group exists, here where every backend starts: torch.distributed.nn's functions take
+# `group=group.WORLD` as a default argument, evaluated at import. Imported after init_process_group (transformers'
+# from_pretrained does), they keep the group alive past destroy_process_group, and gloo's threads can then free a
+# tensor while Python shuts down: 'terminate called without an active exception', SIGABRT, after the work is done.
+import torch.distributed.nn  # noqa: F401
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,6 @@ from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
-import torch.distributed.nn  # noqa: F401  before any group exists: see _init
 import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
@@ -160,10 +159,6 @@ def _init(cfg, rank: int, local_rank: int, world_size: int) -> torch.device:
         device, backend = torch.device("cuda", local_rank), "nccl"
     else:
         device, backend = torch.device("cpu"), "gloo"
-    # torch.distributed.nn's functions take `group=group.WORLD` as a default argument, evaluated at import.
-    # Imported after init_process_group (transformers' from_pretrained does), they would keep the group alive
-    # past destroy_process_group, and gloo's threads could then free a tensor while Python shuts down:
-    # 'terminate called without an active exception', SIGABRT. It is imported above, before any group exists.
     timeout = timedelta(seconds=cfg.dist_timeout)
     store, _, _ = next(dist.rendezvous("env://", rank=rank, world_size=world_size, timeout=timeout))
     # A torchrun restart can reuse the previous attempt's store, whose keys still hold the dead

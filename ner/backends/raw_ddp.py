@@ -138,10 +138,7 @@ class InferenceGroup(_Collectives):
                             self.num_processes)
 
     def end(self) -> None:
-        try:
-            dist.barrier()  # every process is done with the group before any tears it down
-        finally:
-            dist.destroy_process_group()  # also where a process has died and the barrier fails
+        dist.destroy_process_group()
 
 
 def _world(local_rank_arg: int | None) -> tuple[int, int, int] | None:

@@ -159,3 +159,25 @@ sys.exit(0 if world() is None else 'the process group outlived end()')
 def test_the_inference_group_is_freed_at_end_though_torch_distributed_nn_comes_after_it():
     released = run_cli([sys.executable, "-c", RELEASE_CHECK], timeout=120)
     assert released.returncode == 0, released.stderr[-2000:]
+
+
+# ner.backends imports torch only when used (ner.evaluate must not load it), so each way a backend starts imports
+# torch.distributed.nn itself before a group can exist: launch() (Accelerate makes its group in Accelerator()),
+# and raw_ddp's module (a worker it spawns starts there); the check above covers the second.
+LAUNCH_CHECK = """
+import sys, types
+import ner.backends, ner.backends.hf_accelerate as hf
+class Probe:
+    def __init__(self, cfg):
+        self.ready = 'torch.distributed.nn' in sys.modules
+    def end(self):
+        pass
+hf.AccelerateBackend = Probe
+ner.backends.launch(types.SimpleNamespace(backend='accelerate'), lambda backend: print(backend.ready))
+"""
+
+
+def test_launch_imports_torch_distributed_nn_before_it_builds_the_accelerate_backend():
+    probed = run_cli([sys.executable, "-c", LAUNCH_CHECK], timeout=120)
+    assert probed.returncode == 0, probed.stderr[-2000:]
+    assert probed.stdout.strip() == "True"

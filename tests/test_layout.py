@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 RESTRICTED = ("accelerate", "torch.distributed", "torch.nn.parallel", "torch.multiprocessing")
@@ -273,3 +277,13 @@ def test_a_moved_module_path_gives_the_module_itself():
     from ner.infer import Tagger
 
     assert Tagger is ner.inference.tagger.Tagger
+
+
+@pytest.mark.parametrize("module", ["ner.evaluate", "ner.training.config", "ner.backends.trackers"])
+def test_importing_a_module_that_needs_no_torch_does_not_load_it(module):
+    """ner.evaluate scores tags before it loads a model (torch takes seconds to import); it reaches
+    ner.backends through training/config.py -> backends/trackers.py, so the package must not load torch either."""
+    probe = f"import sys, {module}; print('torch' in sys.modules)"
+    found = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert found.returncode == 0, found.stderr[-2000:]
+    assert found.stdout.strip() == "False"

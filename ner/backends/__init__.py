@@ -13,14 +13,12 @@ import logging
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager as ContextManager
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import torch
-# Before any process group exists, here where every backend starts: torch.distributed.nn's functions take
-# `group=group.WORLD` as a default argument, evaluated at import. Imported after init_process_group (transformers'
-# from_pretrained does), they keep the group alive past destroy_process_group, and gloo's threads can then free a
-# tensor while Python shuts down: 'terminate called without an active exception', SIGABRT, after the work is done.
-import torch.distributed.nn  # noqa: F401
+# torch is imported inside the functions: this package is imported by modules that need no torch
+# (ner.evaluate reaches backends/trackers.py through training/config.py), and importing torch takes seconds.
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -73,12 +71,16 @@ def cpu_supports_bf16() -> bool:
 
 def default_device() -> torch.device:
     """The first accelerator when there is one (inference needs no process group)."""
+    import torch
+
     return torch.accelerator.current_accelerator() if torch.accelerator.is_available() else torch.device("cpu")
 
 
 def resolve_precision(requested: str, device: torch.device) -> str:
     if requested != "auto":
         return requested
+    import torch
+
     if device.type == "cuda":
         return "bf16" if torch.cuda.is_bf16_supported() else "no"
     return "bf16" if device.type == "cpu" and cpu_supports_bf16() else "no"
@@ -87,6 +89,8 @@ def resolve_precision(requested: str, device: torch.device) -> str:
 def autocast_for(device: torch.device, precision: str) -> ContextManager:
     if precision == "no":
         return contextlib.nullcontext()
+    import torch
+
     dtype = torch.bfloat16 if precision == "bf16" else torch.float16
     return torch.autocast(device_type=device.type, dtype=dtype)
 
@@ -101,6 +105,8 @@ class LossScaler:
     """
 
     def __init__(self, device: torch.device, precision: str) -> None:
+        import torch
+
         self.scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
         self.optimizer: torch.optim.Optimizer | None = None  # set by the backend's prepare()
 
@@ -110,6 +116,8 @@ class LossScaler:
     def clip_grad_norm_(self, parameters, max_norm: float) -> torch.Tensor:
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the scaled ones
+        import torch
+
         return torch.nn.utils.clip_grad_norm_(parameters, max_norm)
 
     def step(self, optimizer: torch.optim.Optimizer) -> bool:
@@ -123,8 +131,19 @@ class LossScaler:
         return self.scaler.get_scale() >= scale
 
 
+def before_any_process_group() -> None:
+    """Import torch.distributed.nn now, before a process group exists. Its functions take `group=group.WORLD` as a
+    default argument, evaluated at import: imported after init_process_group (transformers' from_pretrained does),
+    they keep the group alive past destroy_process_group, and gloo's threads can then free a tensor while Python
+    shuts down ('terminate called without an active exception', SIGABRT, after the work is done). Called where
+    each backend starts: launch(), inference_backend(), and the definition of a plain-torch backend class (a
+    worker that raw_ddp spawns starts from its module, not from launch())."""
+    import torch.distributed.nn  # noqa: F401
+
+
 def launch(cfg, worker: Callable[[Backend], None], local_rank_arg: int | None = None) -> None:
     """Build the backend the config asks for and run `worker(backend)` in each process."""
+    before_any_process_group()
     if cfg.backend == "accelerate":
         from ner.backends.hf_accelerate import AccelerateBackend
 
@@ -148,6 +167,10 @@ class RawPrecisionSteps:
 
     Needs `self.device`, `self.mixed_precision` and `self.amp` (a LossScaler).
     """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        before_any_process_group()  # raw_ddp defines one at import, before any of its groups can exist
 
     def autocast(self) -> ContextManager:
         return autocast_for(self.device, self.mixed_precision)
@@ -193,6 +216,7 @@ def inference_backend(timeout_s: float):
 
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return SingleProcess()
+    before_any_process_group()
     from ner.backends.raw_ddp import InferenceGroup
 
     return InferenceGroup(timeout_s)

@@ -193,6 +193,7 @@ def test_evaluate_reports_matrix_thresholds_and_plots(random_model, tiny_data, t
 
     predicted, _ = Tagger(random_model, precision="no").tag(examples)
 
+    # the counts themselves: test_evaluate_counts_a_known_tagging_as_worked_out_by_hand (same function here)
     assert report["confusion"] == confusion_counts(gold, predicted)
     assert report["errors"]["overall"]["missed"] + report["errors"]["overall"]["spurious"] > 0
     assert report["schemas"]["seqeval"]["f1"] == report["f1"]
@@ -209,6 +210,37 @@ def test_evaluate_reports_matrix_thresholds_and_plots(random_model, tiny_data, t
                     "precision 0.95", "expected calibration error"):
         assert heading in printed
     assert np.isfinite(report["calibration"]["ece"])
+
+
+# A fixed tagging whose confusion is worked out by hand: (words, gold tags, predicted tags).
+KNOWN_TAGGING = [
+    ("Anna Berg visited Paris", "B-PER I-PER O B-LOC", "B-PER I-PER O B-ORG"),  # PER right; LOC read as ORG
+    ("Acme hired Bob", "B-ORG O B-PER", "O O B-PER"),  # ORG missed; PER right
+    ("Bob left Rome today", "B-PER O B-LOC O", "B-PER O B-LOC I-LOC"),  # PER right; LOC too long: missed + spurious
+    ("It rained", "O O", "B-ORG O"),  # spurious ORG
+]
+KNOWN_CONFUSION = {  # gold type (row) -> predicted type (column): exact spans, as in seqeval
+    "LOC": {"LOC": 0, "ORG": 1, "PER": 0, NO_ENTITY: 1},
+    "ORG": {"LOC": 0, "ORG": 0, "PER": 0, NO_ENTITY: 1},
+    "PER": {"LOC": 0, "ORG": 0, "PER": 3, NO_ENTITY: 0},
+    NO_ENTITY: {"LOC": 1, "ORG": 1, "PER": 0, NO_ENTITY: 0},
+}
+
+
+def test_evaluate_counts_a_known_tagging_as_worked_out_by_hand(random_model, tmp_path, monkeypatch):
+    """The model's tags are replaced by fixed ones, so the expected counts do not come from the code under test."""
+    from ner.inference.tagger import Tagger
+
+    gold_file, out = tmp_path / "gold.conll", tmp_path / "report.json"
+    gold_file.write_text("\n\n".join("\n".join(f"{w} {t}" for w, t in zip(words.split(), gold.split()))
+                                     for words, gold, _ in KNOWN_TAGGING) + "\n", encoding="utf-8")
+    predicted = [pred.split() for _, _, pred in KNOWN_TAGGING]
+    monkeypatch.setattr(Tagger, "tag", lambda self, examples, *args, **kwargs: (
+        predicted, [np.full(len(tags), 0.9) for tags in predicted]))
+    assert evaluate_main([str(random_model), str(gold_file), "--json", str(out), "--worst", "0"]) == 0
+    report = json.loads(out.read_text())
+    assert report["confusion"] == KNOWN_CONFUSION
+    assert report["support"] == 6 and report["calibration"]["entities"] == 6  # gold entities; predicted entities
 
 
 @pytest.mark.parametrize("flags, named", [(["--target-precision", "1.5"], "--target-precision"),

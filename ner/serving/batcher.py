@@ -61,8 +61,10 @@ class Draining(Exception):
     """The server is stopping (SIGTERM past its deadline, or the batcher died): 503, try another instance."""
 
 
-class Cut(Exception):
-    """The drain deadline passed while a batch ran: the model thread stopped at a window boundary."""
+class Cut(BaseException):
+    """The drain deadline passed while a batch ran: the model thread stopped at a window boundary. A
+    BaseException, as asyncio's CancelledError is: it stops a computation, so no `except Exception` on its way
+    (the text-by-text retry, a model's own handlers) can take it for a failing text and answer 500."""
 
 
 class ClientGone(Exception):
@@ -381,8 +383,6 @@ class MicroBatcher:
         (alone, a text's answer is the one it gets in any batch)."""
         try:
             return self._call(texts, words)
-        except Cut:
-            raise
         except Exception:
             log.exception("prediction failed on a batch of %d texts; retrying each text alone", len(texts))
         outcomes: list[dict | Exception] = []

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 import time
@@ -49,6 +50,7 @@ from ner.data.spans import entities_record
 from ner.errors import UserError, report
 from ner.files import atomic_write_text
 
+log = logging.getLogger(__name__)
 
 def output_line(record: dict, where: str, found: list[dict], spans: bool, raw_text: bool) -> str:
     if spans:
@@ -137,7 +139,8 @@ def one_line(exc: Exception, backend) -> str:
 def all_or_none(backend) -> Iterator[None]:
     """Run the block in every process, then meet: a failure in any one (a UserError, or any other exception)
     is raised in every process as the same one-line UserError, the lowest rank's first, so no process waits
-    at the next collective for one that has already stopped."""
+    at the next collective for one that has already stopped. Any other exception is logged with its traceback
+    first, by the process that met it: a bug or the machine (a KeyError, an out-of-memory), not the input."""
     error, cause = None, None
     try:
         yield
@@ -145,6 +148,7 @@ def all_or_none(backend) -> Iterator[None]:
         error, cause = str(exc), exc
     except Exception as exc:  # not only ours: a FileNotFoundError or OOM would otherwise leave the others waiting
         error, cause = one_line(exc, backend), exc
+        log.error("%s; its traceback:", error, exc_info=exc)  # the line alone hides where a bug is
     errors = [e for e in backend.gather_object(error) if e]
     if errors:
         raise UserError(errors[0]) from cause

@@ -52,6 +52,7 @@ from ner.files import atomic_write_text
 
 log = logging.getLogger(__name__)
 
+
 def output_line(record: dict, where: str, found: list[dict], spans: bool, raw_text: bool) -> str:
     if spans:
         out = entities_record(record, found)

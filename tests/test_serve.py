@@ -495,6 +495,45 @@ def test_a_cut_during_the_text_by_text_retry_answers_503_not_500():
     assert stopped and isinstance(outcome, Draining), outcome
 
 
+def test_a_request_that_timed_out_stops_its_batch_at_the_next_window():
+    """README: a client that left costs no model time. The request gets 504 and its batch, which nobody waits
+    for now, stops at the next window boundary, as a drain does, instead of keeping the model from the next."""
+    from ner.serving.batcher import TimedOut
+
+    async def nothing(batcher):
+        pass
+
+    outcome, stopped = window_scenario(EndlessWindows(), ["a very long text"],
+                                       Limits(max_wait_ms=0, request_timeout_s=0.2), nothing)
+    assert stopped and isinstance(outcome, TimedOut), outcome
+
+
+def test_a_batch_goes_on_while_one_of_its_requests_still_waits():
+    """Two requests share a batch; the first one's client goes (its task cancelled): the passes go on for the
+    second; when the second goes too, the batch stops at the next window."""
+    model = EndlessWindows()
+
+    async def scenario():
+        batcher = MicroBatcher(model.predict, Limits(max_wait_ms=0, request_timeout_s=None))
+        first, second = (asyncio.create_task(batcher.submit([text])) for text in ("first", "second"))
+        try:
+            await until(lambda: len(batcher.queue) == 2, "both requests queued")
+            batcher.start()  # after both queued: they start in one batch
+            await until(lambda: model.passes > 0, "their batch runs")
+            first.cancel()
+            passes = model.passes
+            await until(lambda: model.passes > passes + 3, "the batch goes on for the second request")
+            going_on = not model.ended.is_set()
+            second.cancel()
+            return going_on, await stopped_at_a_window(model)
+        finally:
+            model.give_up.set()
+            await asyncio.gather(first, second, return_exceptions=True)
+            await batcher.stop()
+
+    assert run(scenario()) == (True, True)
+
+
 def test_a_request_settled_by_its_timeout_is_not_answered_twice_at_the_drain():
     """The drain race: a batch refused at the deadline may hold a request whose timeout has already answered
     it; the worker must go on (InvalidStateError used to end it)."""

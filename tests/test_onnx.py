@@ -309,6 +309,9 @@ class ShapeLog:
         self.shapes.append(input_ids.shape)
         return self.runtime(input_ids, attention_mask, token_type_ids)
 
+    def map(self, batches):
+        return runtimes.in_order(self, batches)
+
 
 def same_width_neighbours(tagger, text: str) -> list[str]:
     """Texts of exactly `text`'s subword count with other words in them (numbers, capitals, rare words), so the

@@ -4,8 +4,15 @@
     python -m ner.predict exported articles.txt --runtime onnx-int8
 
 A runtime is called as `runtime(input_ids, attention_mask) -> logits` on one padded batch, numpy in
-(int64, rows x width) and numpy out (float32, rows x width x labels); windows, document context, merging
-and decoding stay in ner/inference/tagger.py, so every runtime tags the same way. The ONNX runtimes never import
+(int64, rows x width) and numpy out (float32, rows x width x labels), and `runtime.map(batches)` runs a
+stream of collated batches, in order; windows, document context, merging and decoding stay in
+ner/inference/tagger.py, so every runtime tags the same way.
+
+On a CPU, torch runs every forward pass on one thread and several passes at once, one per thread it may use
+(`TorchRuntime.map`). A CPU kernel picks its blocking, and so its summation order, by the threads it has as
+well as by the shape: oneDNN's bf16 GEMMs on AMX gave other logits for one 128-token window on 1 thread than
+on 2. One thread a pass makes a window's numbers a function of its pass's shape alone, so 1 process x 2
+threads and 2 processes x 1 thread write the same bytes, in every precision (docs/performance.md). The ONNX runtimes never import
 torch (nor does the rest of the path they take), so a deployment needs neither torch nor its start-up.
 `rows_per_forward`: how many windows one forward may hold (None: as many as the batch plan gives). An int8
 file quantizes each activation row by row (ner/inference/onnx_export.py: rows_own_scales), so it batches like fp32; an
@@ -19,7 +26,9 @@ import logging
 import math
 import os
 import sys
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -35,6 +44,19 @@ ONNX_FILES = {"onnx": "model.onnx", "onnx-int8": "model.int8.onnx"}
 EXPORT_COMMAND = "python -m ner.export MODEL_DIR OUT --onnx --quantize int8"
 
 
+Batch = dict[str, np.ndarray]  # one collated batch (data/encode.collate)
+
+
+def forward(runtime, batch: Batch) -> np.ndarray:
+    return runtime(batch["input_ids"], batch["attention_mask"], batch.get("token_type_ids"))
+
+
+def in_order(runtime, batches: Iterable[Batch]) -> Iterator[tuple[Batch, np.ndarray]]:
+    """(batch, logits) of each batch, one pass after the other."""
+    for batch in batches:
+        yield batch, forward(runtime, batch)
+
+
 class TorchRuntime:
     """The PyTorch model on its device, under the given autocast; float32 logits back on the CPU."""
 
@@ -44,6 +66,45 @@ class TorchRuntime:
         self.model, self.device, self.autocast = model, device, autocast
         self.num_labels = model.config.num_labels
         self.device_type = device.type  # what runs the passes: picks the default batch budget (ner.training.config)
+        self.threads_per_forward = 1 if device.type == "cpu" else None  # see the module's docstring
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_workers = 0
+
+    def map(self, batches: Iterable[Batch]) -> Iterator[tuple[Batch, np.ndarray]]:
+        """(batch, logits) of each batch, in order. On a CPU, one pass per thread torch may use runs at once,
+        each on one thread; at most that many run ahead of the caller, so a caller that stops reading (a
+        server's drain) stops the passes at the next boundary."""
+        if self.threads_per_forward is None:
+            yield from in_order(self, batches)
+            return
+        pool, workers = self._workers()
+        running: deque = deque()
+        try:
+            for batch in batches:
+                running.append((batch, pool.submit(forward, self, batch)))
+                if len(running) >= workers:
+                    batch_done, logits = running.popleft()
+                    yield batch_done, logits.result()
+            while running:
+                batch_done, logits = running.popleft()
+                yield batch_done, logits.result()
+        finally:
+            for _, logits in running:
+                logits.cancel()
+
+    def _workers(self) -> tuple[ThreadPoolExecutor, int]:
+        """The pool of one-thread passes, as many as the calling thread's torch threads (OMP_NUM_THREADS, the
+        cores, or what training set per process)."""
+        import torch
+
+        workers = torch.get_num_threads()
+        if self._pool is None or self._pool_workers != workers:
+            if self._pool is not None:
+                self._pool.shutdown(wait=False)
+            self._pool = ThreadPoolExecutor(workers, thread_name_prefix="ner-forward",
+                                            initializer=torch.set_num_threads, initargs=(1,))
+            self._pool_workers = workers
+        return self._pool, workers
 
     def __call__(self, input_ids: np.ndarray, attention_mask: np.ndarray,
                  token_type_ids: np.ndarray | None = None) -> np.ndarray:
@@ -71,6 +132,10 @@ class OnnxRuntime:
                  token_type_ids: np.ndarray | None = None) -> np.ndarray:
         inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
         return self.session.run(["logits"], {k: v for k, v in inputs.items() if v is not None})[0]
+
+    def map(self, batches: Iterable[Batch]) -> Iterator[tuple[Batch, np.ndarray]]:
+        """(batch, logits) of each batch, in order: onnxruntime threads each pass itself."""
+        return in_order(self, batches)
 
 
 def onnx_path(model_dir: Path, runtime: str) -> Path:

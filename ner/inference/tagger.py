@@ -98,9 +98,9 @@ def predict_word_scores(runtime: Runtime, features: list[Feature], batches: list
                         progress: Progress = no_progress, pad_to_multiple_of: int = 1) -> tuple[np.ndarray, np.ndarray]:
     """(flat word index, label log-probabilities) of every word the given batches own."""
     word_ids, scores = [], []
-    for indices in progress(batches, desc="predict", leave=False):
-        batch = collate([features[i] for i in indices], pad_token_id, pad_to_multiple_of)
-        logits = runtime(batch["input_ids"], batch["attention_mask"], batch.get("token_type_ids"))
+    collated = (collate([features[i] for i in indices], pad_token_id, pad_to_multiple_of)
+                for indices in progress(batches, desc="predict", leave=False))
+    for batch, logits in runtime.map(collated):
         (rows, cols), ids = owned_positions(batch["word_index"])
         word_ids.append(ids)
         scores.append(log_softmax(logits[rows, cols]))

@@ -1,10 +1,12 @@
 """Write constraints.txt: the versions of an environment where the test suite last passed.
 
-    VENV/bin/python scripts/freeze_constraints.py              # after `bash .ci/run` passed in VENV (it prints VENV)
-    VENV/bin/python scripts/freeze_constraints.py --out FILE   # somewhere else
+    python -m venv /tmp/fresh && . /tmp/fresh/bin/activate
+    pip install torch==2.13.0 && pip install -e ".[test]" && python -m pytest -q
+    python scripts/freeze_constraints.py              # once the suite passed in that environment
+    python scripts/freeze_constraints.py --out FILE   # somewhere else
 
-Run it with the Python of the fresh environment that `.ci/run` made (not a long-lived one, whose leftovers
-are what CI must not see). Users install from it for a reproducible environment:
+Run it with the Python of a fresh environment made as above (not a long-lived one, whose leftovers are what
+CI must not see; `.ci/run` deletes the one it makes). Users install from it for a reproducible environment:
 
     pip install torch==2.13.0 && pip install -e ".[test]" -c constraints.txt
 

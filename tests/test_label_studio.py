@@ -261,11 +261,12 @@ def connect(client) -> None:
 
 
 def wait_for_training(client, timeout_s: float = 300) -> dict:
+    """Once the open /label-studio/health no longer says "training": the server's own record of the training
+    (with its error and run folder, which that route does not show)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        status = client.get("/label-studio/health").json()["training"]
-        if status["status"] != "training":
-            return status
+        if client.get("/label-studio/health").json()["training"]["status"] != "training":
+            return client.app.state.label_studio.retrainer.last
         time.sleep(0.2)
     raise AssertionError("training did not finish")
 
@@ -349,10 +350,59 @@ def test_a_swap_during_a_request_tags_it_again_with_the_new_model(tagger, random
             backend.swap(tagger, tmp_path / "new", "new@00000000")
         return [{"entities": []} for _ in texts]
 
-    backend = Backend(tag, random_model, ["PER"], swap_predict=lambda new: None)
+    backend = Backend(tag, random_model, ["PER"], on_swap=lambda new, model_dir: None)
     answer = asyncio.run(backend.predict({"tasks": tasks_of(["a"]), "label_config": NER_CONFIG}))
     assert calls == [model_version(random_model), "new@00000000"]
     assert answer["results"][0]["model_version"] == "new@00000000"
+
+
+class Renamed:
+    """A tagger with other labels than the served model's, as a retraining on a renamed project swaps in."""
+
+    id2label = {0: "O", 1: "B-MISC", 2: "I-MISC"}
+
+    def predict(self, texts: list[str], words=None) -> list[dict]:
+        return [{"entities": []} for _ in texts]
+
+
+def test_health_names_the_model_a_retraining_swapped_in(tagger, random_model, tmp_path):
+    """ner.serve's own /health after the swap: the new folder, its base model, labels and types (it used to
+    name the model the server started with)."""
+    new_dir = tmp_path / "final"
+    new_dir.mkdir()
+    (new_dir / "training_args.json").write_text(json.dumps({"model": "the-base-it-was-tuned-from"}))
+    app = create_app(tagger, random_model, Limits(), label_studio=True)
+    with TestClient(app) as client:
+        before = client.get("/health").json()
+        client.portal.call(app.state.label_studio.swap, Renamed(), new_dir, "new@00000000")  # as the retrainer does
+        after = client.get("/health").json()
+    assert (before["model"], before["types"]) == (str(random_model), ["LOC", "ORG", "PER"])
+    assert (after["model"], after["base_model"], after["labels"], after["types"]) == (
+        str(new_dir), "the-base-it-was-tuned-from", ["O", "B-MISC", "I-MISC"], ["MISC"])
+    assert after["pid"] == before["pid"] and after["status"] == "ok"
+
+
+def test_the_open_label_studio_health_shows_a_failed_trainings_state_not_its_error(tagger, random_model, tmp_path,
+                                                                                  monkeypatch, caplog):
+    """/label-studio/health is open to anyone who can reach the server; a failed training's error text can hold
+    LABEL_STUDIO_URL (httpx names the address it fetched) and the server's paths. The route says that it failed;
+    the log has the reason."""
+    label_studio = Listener(status=500)
+    monkeypatch.setenv("LABEL_STUDIO_URL", label_studio.url)
+    monkeypatch.setenv("LABEL_STUDIO_API_KEY", "server-key")
+    monkeypatch.setenv("NER_RETRAIN_DIR", str(tmp_path / "runs"))
+    try:
+        with TestClient(create_app(tagger, random_model, Limits(), label_studio=True)) as client, \
+                caplog.at_level(logging.ERROR, logger="ner.serving.label_studio"):
+            assert client.post("/label-studio/train", json={"project": 5}).json()["training"] is True
+            wait_for_training(client, timeout_s=60)
+            health = client.get("/label-studio/health")
+    finally:
+        label_studio.close()
+    address = label_studio.url.split("//")[1]
+    assert health.json()["training"]["status"] == "failed" and health.json()["training"]["project"] == 5
+    assert address not in health.text and str(tmp_path) not in health.text, health.text
+    assert address in caplog.text  # the operator still learns why
 
 
 # ----------------------------------------------------------------------------- a hostile client

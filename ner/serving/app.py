@@ -106,22 +106,33 @@ def create_app(tagger, model_dir: Path, limits: Limits = Limits(), options: Serv
     app.state.batcher = batcher
     app.state.lifecycle = lifecycle
     app.state.metrics = metrics
-    app.state.label_studio = mount_label_studio(app, batcher, tagger, model_dir, info["types"], limits,
+    app.state.label_studio = mount_label_studio(app, batcher, tagger, model_dir, info, limits,
                                                 api_key) if label_studio else None
     return app
 
 
-def mount_label_studio(app, batcher: MicroBatcher, tagger, model_dir: Path, types: list[str], limits: Limits,
+def serve_model(batcher: MicroBatcher, info: dict, tagger, model_dir: Path) -> None:
+    """A retrained model replaces the served one: the batcher calls it and /health names it. `info` is the dict
+    /health reads, updated in place; built first, so a model that cannot be described changes nothing."""
+    fresh = health_info(tagger, model_dir)
+    batcher.predict = tagger.predict
+    info.update(fresh)
+
+
+def mount_label_studio(app, batcher: MicroBatcher, tagger, model_dir: Path, info: dict, limits: Limits,
                        api_key: str | None):
     """Label Studio's ML backend protocol under /label-studio (docs/label_studio.md), sharing the batcher and the
-    limits; every route that tags or trains needs the key. Retraining swaps in models loaded as `tagger` was."""
+    limits; every route that tags or trains needs the key. Retraining swaps in models loaded as `tagger` was,
+    and /health (`info`) then names them."""
+    from functools import partial
+
     from fastapi import Depends
 
     from ner.serving import label_studio
     from ner.serving.api import label_studio_key_check, label_studio_openapi
 
-    backend = label_studio.Backend(batcher.submit, model_dir, types,
-                                   swap_predict=lambda new: setattr(batcher, "predict", new.predict), limits=limits,
+    backend = label_studio.Backend(batcher.submit, model_dir, info["types"],
+                                   on_swap=partial(serve_model, batcher, info), limits=limits,
                                    load_tagger=getattr(tagger, "like", None))
     guard = [Depends(label_studio_key_check(api_key))] if api_key is not None else []
     app.include_router(label_studio.router(backend, guard, openapi=label_studio_openapi(api_key is not None)),

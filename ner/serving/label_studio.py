@@ -162,14 +162,14 @@ class Backend:
     `tag(texts)` is a coroutine returning Tagger.predict's results (ner.serve passes its micro-batcher's
     submit, so Label Studio's requests share batches and limits with the others)."""
 
-    def __init__(self, tag, model_dir: Path, model_types: list[str], swap_predict=None, limits: Limits = Limits(),
+    def __init__(self, tag, model_dir: Path, model_types: list[str], on_swap=None, limits: Limits = Limits(),
                  load_tagger=None, retrain: "RetrainOptions | None" = None) -> None:
         self.tag = tag
         self.limits = limits  # the server's: as many and as long texts as POST /predict takes, no more
         self.model_dir = Path(model_dir)
         self.model_types = model_types
         self.version = model_version(self.model_dir)
-        self.swap_predict = swap_predict  # (Tagger) -> None: where the batcher's model is replaced
+        self.on_swap = on_swap  # (Tagger, model_dir) -> None: the server serves it (its batcher, its /health)
         self.load_tagger = load_tagger  # (model_dir) -> Tagger with the server's options (Tagger.like)
         session = os.environ.get(SESSION_ENV) or uuid.uuid4().hex  # set by ner.serve for its --workers
         self.retrainer = Retrainer(self, retrain or RetrainOptions.from_env(self.model_dir), session)
@@ -186,7 +186,7 @@ class Backend:
         """Serve a fully loaded `tagger` from now on; on the event loop, so no request sees half of it."""
         from ner.data.examples import entity_types
 
-        self.swap_predict(tagger)
+        self.on_swap(tagger, Path(model_dir))
         self.model_dir, self.version = Path(model_dir), version
         self.model_types = entity_types([tagger.id2label[i] for i in sorted(tagger.id2label)])
         log.info("now serving %s (model_version %s)", model_dir, version)
@@ -213,16 +213,6 @@ def project_id(project: object) -> int | None:
     return int(text) if text.isdigit() else None
 
 
-
-
-
-
-
-
-
-
-
-
 def router(backend: Backend, guard: list | None = None, model_class: str = "ner.serve",
            openapi: dict[str, dict] | None = None):
     """The APIRouter ner.serve mounts under PREFIX; `guard`: the dependencies of every route but /health
@@ -245,7 +235,7 @@ def router(backend: Backend, guard: list | None = None, model_class: str = "ner.
     @api.get("/health", **documented.get("health", {}))
     async def health() -> dict:
         return {"status": "UP", "model_class": model_class, "model_version": backend.version,
-                "training": backend.retrainer.last}
+                "training": backend.retrainer.public_status()}
 
     @api.post("/setup", dependencies=guard, **documented.get("setup", {}))
     async def setup(request: Request):

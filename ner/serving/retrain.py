@@ -174,12 +174,20 @@ class Retrainer:
             await self.load_and_swap(run_dir / "final")
             self.publish(run_dir / "final")
             self.last = {**self.last, "status": "done", "model_version": self.backend.version}
-        except Exception as exc:  # the served model stays; the reason is logged and shown by /health
+        except Exception as exc:  # the served model stays; the reason is logged (public_status says only "failed")
             log.exception("training for project %s failed", project)
             self.last = {**self.last, "status": "failed", "error": str(exc)}
         finally:
             self.lock.release()
             self.prune()
+
+    def public_status(self) -> dict:
+        """The last training as the open /label-studio/health shows it: its state, never its error text or run
+        folder (an httpx error names LABEL_STUDIO_URL; paths describe the server): run() logs those."""
+        shown = {key: value for key, value in self.last.items() if key in ("status", "project", "model_version")}
+        if shown["status"] == "failed":
+            shown["error"] = "the training failed; the server's log says why"
+        return shown
 
     def new_run_dir(self, project: int) -> Path:
         """runs/projectID-TIME, made here (-2, -3, ... where that second has one already)."""

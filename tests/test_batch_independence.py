@@ -152,6 +152,22 @@ def test_each_cpu_pass_runs_on_one_thread_of_its_own_whatever_the_process_has(ra
     assert seen and set(seen) == {(1, False)}
 
 
+def test_a_thread_started_after_the_passes_gets_the_process_threads(random_model):
+    """torch.set_num_threads(1) in a pass's thread also sets the count of threads started later: a server's
+    request thread must still run as many passes at once as the process has threads."""
+    from ner.inference.runtime import process_threads
+
+    tagger = Tagger(random_model, precision="no")
+    with torch_threads(2):
+        tagger.predict(TEXTS[:2])
+        assert process_threads() == 2
+        later = []
+        thread = threading.Thread(target=lambda: later.append((process_threads(), tagger.predict(TEXTS[:2]))))
+        thread.start()
+        thread.join()
+    assert later[0][0] == 2
+
+
 @pytest.fixture(scope="module")
 def minilm_random_head(tiny_data, tmp_path_factory):
     """The packaged MiniLM (hidden 384): GEMMs large enough for a kernel to split its sums over threads."""

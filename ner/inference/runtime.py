@@ -26,6 +26,7 @@ import logging
 import math
 import os
 import sys
+import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -78,7 +79,7 @@ class TorchRuntime:
             yield from in_order(self, batches)
             return
         pool, workers = self._workers()
-        running: deque = deque()
+        running: deque = deque()  # (batch, its pass) in input order
         try:
             for batch in batches:
                 running.append((batch, pool.submit(forward, self, batch)))
@@ -93,11 +94,10 @@ class TorchRuntime:
                 logits.cancel()
 
     def _workers(self) -> tuple[ThreadPoolExecutor, int]:
-        """The pool of one-thread passes, as many as the calling thread's torch threads (OMP_NUM_THREADS, the
-        cores, or what training set per process)."""
+        """The pool of one-thread passes, as many as the process's torch threads (process_threads)."""
         import torch
 
-        workers = torch.get_num_threads()
+        workers = process_threads()
         if self._pool is None or self._pool_workers != workers:
             if self._pool is not None:
                 self._pool.shutdown(wait=False)
@@ -222,11 +222,26 @@ def cgroup_cpu_quota(root: Path = Path("/sys/fs/cgroup")) -> float | None:
     return int(quota) / int(period)
 
 
+_process_threads: int | None = None  # process_threads' last reading on the main thread
+
+
+def process_threads() -> int:
+    """The threads this process's torch may use (OMP_NUM_THREADS, the cores, or what training set per
+    process), as the main thread reads them. Another thread reads what the main thread last read: a thread
+    started after a pass pool's initializer ran gets 1 from torch (torch.set_num_threads also sets the
+    count new threads start with)."""
+    global _process_threads
+    torch = sys.modules["torch"]
+    if threading.current_thread() is threading.main_thread() or _process_threads is None:
+        _process_threads = torch.get_num_threads()
+    return _process_threads
+
+
 def default_threads() -> int:
     """torch's intra-op thread count: asked of torch where this process has imported it, else the count
     torch would choose (the physical cores), so that an ONNX runtime need not import torch to learn it."""
     if "torch" in sys.modules:
-        return sys.modules["torch"].get_num_threads()
+        return process_threads()
     try:
         import psutil
 

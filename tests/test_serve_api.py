@@ -3,6 +3,7 @@ schemathesis), the API key, CORS, and --workers."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -92,14 +93,16 @@ def test_metrics_count_requests_batches_texts_and_words(client):
 def test_a_worker_that_ends_leaves_the_queue_gauge(tmp_path):
     """With --workers, each worker's queue gauge is a file of its pid; an ended worker's goes (mark_process_dead),
     so the live sum no longer counts it. In a process of its own: prometheus-client reads the folder at import."""
-    worker = ("import os, sys; from ner.serving.metrics import ServeMetrics; m = ServeMetrics(queued_texts=lambda: 3); "
-              "m.refresh_queue(); print(len(os.listdir(sys.argv[1]))); m.process_ended(); "
-              "print(sorted(os.listdir(sys.argv[1])))")
+    worker = ("import json, os, sys; from ner.serving.metrics import ServeMetrics; "
+              "m = ServeMetrics(queued_texts=lambda: 3); m.refresh_queue(); before = sorted(os.listdir(sys.argv[1])); "
+              "m.process_ended(); print(json.dumps([os.getpid(), before, sorted(os.listdir(sys.argv[1]))]))")
     ran = subprocess.run([sys.executable, "-c", worker, str(tmp_path)], capture_output=True, text=True, cwd=ROOT,
                          env={**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}, timeout=120)
     assert ran.returncode == 0, ran.stderr
-    files_before, files_after = ran.stdout.splitlines()
-    assert int(files_before) >= 1 and "gauge_livesum" not in files_after, ran.stdout
+    pid, files_before, files_after = json.loads(ran.stdout)
+    gauge = f"gauge_livesum_{pid}.db"
+    assert gauge in files_before, files_before  # the worker's gauge was there: its going is what is tested
+    assert gauge not in files_after and files_after, files_after  # its counters stay: they count what it did
 
 
 class Gate:

@@ -41,38 +41,10 @@ from ner.inference.options import add_model_arguments
 from ner.serving.app import create_app
 from ner.serving.lifecycle import ServeOptions
 from ner.serving.requests import Limits
-from ner.serving.workers import ARGV_ENV, run_workers
+from ner.serving.workers import ARGV_ENV, mark_worker, run_workers
 
 log = logging.getLogger("ner.serve")
 API_KEY_ENV = "NER_API_KEY"
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 
 
 def check_port_free(host: str, port: int) -> None:
@@ -171,10 +143,12 @@ def configure_logging() -> None:
 def app_factory():
     """What each of uvicorn's --workers processes calls: its own model, batcher and app, from the command line
     main() left in NER_SERVE_ARGV. A user error stops every worker (uvicorn's startup-failure status) rather
-    than having uvicorn restart a worker that fails the same way each time."""
+    than having uvicorn restart a worker that fails the same way each time. Only a clean stop removes the
+    worker's mark, so the parent exits 1 after any other end (run_workers)."""
     import json
 
     configure_logging()
+    ended_cleanly = mark_worker()
     try:
         app = app_from_args(build_parser().parse_args(json.loads(os.environ[ARGV_ENV])))
     except UserError as exc:
@@ -186,6 +160,7 @@ def app_factory():
         os._exit(1)
 
     app.state.lifecycle.on_failure = lambda reason: app.state.lifecycle.loop.call_later(0.5, exit_failed, reason)
+    app.state.lifecycle.on_clean_stop = ended_cleanly
     return app
 
 
@@ -228,8 +203,6 @@ def main(argv: list[str] | None = None) -> int:
         log.error("exiting with status 1: %s", app.state.lifecycle.failure)
         return 1
     return 0
-
-
 
 
 if __name__ == "__main__":

@@ -402,3 +402,42 @@ def test_two_workers_share_the_port_and_their_metrics(random_model, tagger, tmp_
     finally:
         if process.poll() is None:
             process.kill()
+
+
+@pytest.mark.slow
+def test_workers_that_fail_make_the_command_exit_non_zero(random_model, tmp_path):
+    """--workers 2 with a setting each worker refuses when it loads the model (--max-seq-length 4): uvicorn stops
+    its workers and returns, and the command says so with its status (it exited 0), for a supervisor to see."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "TMPDIR": str(tmp_path)}
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    ran = subprocess.run([sys.executable, "-m", "ner.serve", str(random_model), "--port", str(free_local_port()),
+                          "--mixed-precision", "no", "--workers", "2", "--max-seq-length", "4"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert ran.returncode == 1, ran.stderr
+    assert "--max-seq-length 4 is too small" in ran.stderr and "did not end cleanly" in ran.stderr, ran.stderr
+    assert not list(tmp_path.glob("ner-serve-*"))  # the folders made for the run are gone
+
+
+@pytest.mark.slow
+def test_a_worker_killed_while_serving_makes_the_command_exit_non_zero(random_model, tmp_path):
+    """A worker dies (SIGKILL, as the OOM killer does); uvicorn starts another and serves on; at SIGTERM the
+    command exits 1 and names the dead worker, where a clean stop exits 0 (test_two_workers_share_the_port...)."""
+    port = free_local_port()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "TMPDIR": str(tmp_path)}
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    process = subprocess.Popen([sys.executable, "-m", "ner.serve", str(random_model), "--port", str(port),
+                                "--mixed-precision", "no", "--workers", "2"], cwd=ROOT, env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        assert wait_until_healthy(url, process, timeout_s=180), process.stdout.read() if process.poll() else ""
+        killed = httpx.get(f"{url}/health", timeout=10).json()["pid"]
+        os.kill(killed, signal.SIGKILL)
+        process.send_signal(signal.SIGTERM)
+        returncode = process.wait(120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    output = process.stdout.read()
+    assert returncode == 1, output
+    assert re.search(rf"worker process\(es\) [0-9, ]*\b{killed}\b[0-9, ]* did not end cleanly", output), output

@@ -58,6 +58,7 @@ def create_app(tagger, model_dir: Path, limits: Limits = Limits(), options: Serv
             await app.state.label_studio.retrainer.stop()  # no ner.train outlives the server
         await batcher.stop()  # uvicorn has answered the requests in flight by now
         metrics.process_ended()
+        lifecycle.stopped()
 
     app = FastAPI(title="ner", lifespan=lifespan, docs_url=None, redoc_url=None)  # the docs pages load a CDN
     page = resources.files("ner").joinpath("static/index.html").read_text(encoding="utf-8")

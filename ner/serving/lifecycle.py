@@ -33,7 +33,8 @@ class ServeOptions:
 class Lifecycle:
     """Liveness and readiness: ready after the warm-up pass; draining from SIGTERM; failed when the batcher died.
 
-    `on_failure` is how the process stops itself after a failure (main sets it to stop uvicorn and exit 1)."""
+    `on_failure` is how the process stops itself after a failure (main sets it to stop uvicorn and exit 1);
+    `on_clean_stop` runs when the app shut down without one (a --workers process removes its mark)."""
 
     def __init__(self, batcher: MicroBatcher, options: ServeOptions) -> None:
         self.batcher = batcher
@@ -42,6 +43,7 @@ class Lifecycle:
         self.draining = False
         self.loop: asyncio.AbstractEventLoop | None = None
         self.on_failure: Callable[[str], None] | None = None
+        self.on_clean_stop: Callable[[], None] | None = None
         batcher.on_failure = self._failed
 
     @property
@@ -51,6 +53,11 @@ class Lifecycle:
     def _failed(self, reason: str) -> None:
         if self.on_failure is not None:
             self.on_failure(reason)
+
+    def stopped(self) -> None:
+        """The app has shut down (its batcher stopped): a clean stop unless the batcher failed."""
+        if self.failure is None and self.on_clean_stop is not None:
+            self.on_clean_stop()
 
     def begin_drain(self) -> None:
         """From any thread or a signal handler: stop being ready, finish what fits the deadline, refuse the rest."""

@@ -22,7 +22,7 @@ carries an X-Request-ID and gets one "ner.access" log line (ner/serving/metrics.
 POST /predict needs `Authorization: Bearer KEY`, and so does every Label Studio route that tags or trains
 (--label-studio mounts them under /label-studio: ner/serving/label_studio.py). --cors-origin: pages served elsewhere
 may call the API.
---workers N: N processes on one port, each with its own model and batcher.
+--workers N: N processes on one port, each with its own model and batcher; exit status 1 when one did not end cleanly.
 
     NER_API_KEY=s3cret python -m ner.serve runs/ner/final --workers 2 --cors-origin https://app.example.com
     curl -s localhost:8000/metrics | grep '^ner_requests_total'

@@ -6,14 +6,19 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import threading
 import time
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 from conftest import python_module, read_state, run_cli, tiny_args
 from safetensors.torch import load_file
 
+from ner.errors import UserError
 from ner.training import checkpoint as ckpt
+from ner.training import run as run_module
 
 KILL_STEP = 20  # epoch 1 (15 updates an epoch on 1 rank), in the middle of it
 
@@ -155,3 +160,97 @@ def test_resume_check_reads_options_missing_from_older_checkpoints_as_their_old_
     check_compatible(older, {**config, "pad_to_multiple_of": 1}, ["O"], 1, tmp_path)  # what it ran with
     with pytest.raises(UserError, match=r"pad_to_multiple_of: checkpoint 1, now 4"):
         check_compatible(older, {**config, "pad_to_multiple_of": 4}, ["O"], 1, tmp_path)
+
+
+# ----------------------------------------------------------------------------- --overwrite-output-dir, 2 ranks
+
+RANK = threading.local()  # which fake rank this thread is
+
+
+class TwoRanks:
+    """Ranks 0 and 1 of a run as threads of this process: wait_for_everyone is a barrier (a rank that never comes
+    breaks it after 30 s, where a real one would wait for --dist-timeout). `arrived` is set when rank 1 first waits
+    or inspects, so rank 0 starts after it; `removed` when a folder was removed."""
+
+    def __init__(self) -> None:
+        self.barrier = threading.Barrier(2, timeout=30)
+        self.arrived, self.removed = threading.Event(), threading.Event()
+        self.inspected_by: list[int] = []
+
+    def backend(self, rank: int) -> SimpleNamespace:
+        def wait_for_everyone() -> None:
+            if rank == 1:
+                self.arrived.set()
+            self.barrier.wait()
+
+        return SimpleNamespace(is_main_process=rank == 0, process_index=rank, num_processes=2,
+                               wait_for_everyone=wait_for_everyone)
+
+    def run(self, work) -> list[object]:
+        """work(backend) as rank 1, then, once rank 1 waits, as rank 0: each rank's result or exception."""
+        outcomes: list[object] = [None, None]
+
+        def rank_main(rank: int) -> None:
+            RANK.index = rank
+            try:
+                outcomes[rank] = work(self.backend(rank))
+            except Exception as exc:  # noqa: BLE001 - the outcome under test
+                outcomes[rank] = exc
+
+        second = threading.Thread(target=rank_main, args=(1,))
+        second.start()
+        assert self.arrived.wait(timeout=60)
+        first = threading.Thread(target=rank_main, args=(0,))
+        first.start()
+        for thread in (first, second):
+            thread.join(timeout=120)
+        return outcomes
+
+
+def a_previous_run(out: Path) -> None:
+    (out / "predictions").mkdir(parents=True)
+    (out / "predictions" / "validation.conll").write_text("Ada\tB-PER\tB-PER\n")
+    (out / "metrics.jsonl").write_text("{}\n")
+
+
+def overwrite_on_two_ranks(out: Path, monkeypatch, slow_rank_1: bool = True) -> tuple[TwoRanks, list[object]]:
+    """claim_output_dir(--overwrite-output-dir) on two ranks. `slow_rank_1`: if rank 1 inspects the old run at all,
+    it does so only after rank 0 has removed some of it (an order a slow rank can meet)."""
+    ranks, real_inspect, real_rmtree = TwoRanks(), run_module.not_written_by_a_run, shutil.rmtree
+
+    def inspect(*args, **kwargs):
+        ranks.inspected_by.append(RANK.index)
+        if RANK.index == 1:
+            ranks.arrived.set()
+            assert not slow_rank_1 or ranks.removed.wait(timeout=60)
+        return real_inspect(*args, **kwargs)
+
+    def rmtree(path, *args, **kwargs):
+        real_rmtree(path, *args, **kwargs)
+        ranks.removed.set()
+
+    monkeypatch.setattr(run_module, "not_written_by_a_run", inspect)
+    monkeypatch.setattr(run_module.shutil, "rmtree", rmtree)
+    cfg = SimpleNamespace(output_path=out, resume=None, overwrite_output_dir=True)
+    return ranks, ranks.run(lambda backend: run_module.claim_output_dir(cfg, backend))
+
+
+def test_overwrite_output_dir_on_two_ranks_lets_only_rank_0_inspect_and_remove(tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    a_previous_run(out)
+    ranks, outcomes = overwrite_on_two_ranks(out, monkeypatch)
+    # before: rank 1 walked the old run as rank 0 removed it; here it took the vanished predictions/ for a user's
+    # file and refused (in final/ or checkpoints/ it can meet FileNotFoundError), and rank 0 waited for it
+    assert outcomes == [None, None], [repr(outcome) for outcome in outcomes]
+    assert ranks.inspected_by == [0]
+    assert sorted(p.name for p in out.iterdir()) == []
+
+
+def test_overwrite_output_dir_refused_on_rank_0_stops_every_rank(tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    a_previous_run(out)
+    (out / "predictions" / "mine.txt").write_text("mine")
+    ranks, outcomes = overwrite_on_two_ranks(out, monkeypatch, slow_rank_1=False)
+    assert all(isinstance(outcome, UserError) for outcome in outcomes), outcomes
+    assert f"({out / 'predictions' / 'mine.txt'}); nothing was removed" in str(outcomes[0])
+    assert sorted(p.name for p in out.rglob("*")) == ["metrics.jsonl", "mine.txt", "predictions", "validation.conll"]

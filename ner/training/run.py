@@ -136,22 +136,46 @@ def claim_output_dir(cfg: TrainConfig, backend: Backend, resume_from: Path | Non
     ckpt.claim_tracker_files(out, claimed=False)
     if out.exists() and not out.is_dir():
         raise UserError(f"{out}: --output-dir exists and is not a folder")
-    taken = [m for m in RUN_MARKERS if (out / m).exists() or (out / m).is_symlink()]
-    if taken and cfg.resume is None:
-        if not cfg.overwrite_output_dir:
-            raise UserError(f"{out}: holds another run ({', '.join(taken)}); pass --resume auto to continue it, "
-                            "--overwrite-output-dir to replace it, or choose another --output-dir")
-        refuse_foreign(out, not_written_by_a_run(out, taken))
-        if backend.is_main_process:
-            for marker in taken:
-                path = out / marker
-                shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+    taken = run_markers(out)
+    if cfg.resume is None and cfg.overwrite_output_dir:
+        replace_previous_run(out, backend)
+    elif taken and cfg.resume is None:
+        raise UserError(f"{out}: holds another run ({', '.join(taken)}); pass --resume auto to continue it, "
+                        "--overwrite-output-dir to replace it, or choose another --output-dir")
     elif "final" in taken:
-        check_final_for_resume(out / "final", resume_from)
-    backend.wait_for_everyone()
+        check_final_for_resume(out / "final", resume_from)  # on every rank: a resume removes nothing
+    backend.wait_for_everyone()  # no rank looks at the folder any more when rank 0 starts writing there
     if backend.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
         ckpt.claim_tracker_files(out, claimed=True)
+
+
+def run_markers(out: Path) -> list[str]:
+    return [m for m in RUN_MARKERS if (out / m).exists() or (out / m).is_symlink()]
+
+
+def replace_previous_run(out: Path, backend: Backend) -> None:
+    """--overwrite-output-dir: rank 0 alone inspects the old run and removes it (another rank walking final/ while
+    it goes would meet files gone, or take them for a user's). A refusal removes nothing, so after the barrier the
+    other ranks see the run still there and stop too, rather than wait for rank 0 at the next one."""
+    refusal = None
+    if backend.is_main_process:
+        taken = run_markers(out)
+        try:
+            refuse_foreign(out, not_written_by_a_run(out, taken))
+        except UserError as exc:
+            refusal = exc
+        else:
+            for marker in taken:
+                path = out / marker
+                shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+    backend.wait_for_everyone()
+    if refusal is not None:
+        raise refusal
+    left = run_markers(out)
+    if left:
+        raise UserError(f"{out}: process 0 did not replace the run there ({', '.join(left)} left; its error says "
+                        "why)")
 
 
 def check_final_for_resume(final: Path, resume_from: Path | None) -> None:

@@ -50,6 +50,31 @@ def test_a_checkpoint_with_other_labels_keeps_the_rows_of_the_labels_it_shares(t
            "B-MISC, I-MISC" in caplog.text
 
 
+# DATA_LABELS with PER -> PERSON and ORG -> COMPANY, in build order: as many labels, two types under other names
+RENAMED_LABELS = ["O", "B-COMPANY", "I-COMPANY", "B-LOC", "I-LOC", "B-PERSON", "I-PERSON"]
+
+
+@pytest.mark.parametrize("checkpoint_labels", [DATA_LABELS, CHECKPOINT_LABELS], ids=["as-many-labels", "fewer"])
+def test_labels_under_new_names_start_as_a_fresh_heads_rows(tiny_bert, tmp_path, caplog, checkpoint_labels):
+    """As many labels as the checkpoint's is no size mismatch, so its whole head loads: each label the checkpoint
+    does not know by name must still start from a fresh head's row (the same draw, under the same seed), not from
+    the trained row of the label that had its index."""
+    folder, original = save_token_classifier(tiny_bert, tmp_path / "ner_model", checkpoint_labels)
+    torch.manual_seed(11)
+    fresh = head_layer(build_model(tiny_bert, RENAMED_LABELS), len(RENAMED_LABELS))
+    torch.manual_seed(11)
+    with caplog.at_level("INFO"):
+        new = head_layer(build_model(str(folder), RENAMED_LABELS), len(RENAMED_LABELS))
+    old = head_layer(original, len(checkpoint_labels))
+    for j, label in enumerate(RENAMED_LABELS):
+        start = (old, checkpoint_labels.index(label)) if label in checkpoint_labels else (fresh, j)
+        assert torch.equal(new.weight[j], start[0].weight[start[1]]), label
+        assert torch.equal(new.bias[j], start[0].bias[start[1]]), label
+    kept = [label for label in RENAMED_LABELS if label in checkpoint_labels]
+    assert f"kept the rows of {len(kept)} of 7 labels; new: " + ", ".join(
+        label for label in RENAMED_LABELS if label not in kept) in caplog.text
+
+
 def test_same_labels_in_another_order_keep_the_whole_head(tiny_bert, tmp_path):
     folder, original = save_token_classifier(tiny_bert, tmp_path / "ner_model", list(reversed(DATA_LABELS)))
     model = build_model(str(folder), DATA_LABELS)

@@ -128,21 +128,47 @@ def load_head(path: str, trust_remote_code: bool) -> torch.nn.Linear:
 
 def keep_head_rows(model: torch.nn.Module, head: torch.nn.Linear, old_id2label: dict, label_list: list[str],
                    name: str) -> None:
-    """Each label the checkpoint's head knows by name keeps its row (weights and bias); the others start new."""
+    """Each label the checkpoint's head knows by name keeps its row (weights and bias), at its new index; the others
+    start as a fresh head's rows."""
     old_rows = {label: int(i) for i, label in old_id2label.items()}
-    kept = [label for label in label_list if label in old_rows]
     new_head = head_layer(model, len(label_list))
+    fresh = [label for label in label_list if label not in old_rows]
+    if fresh and head.out_features == new_head.out_features:
+        # No size mismatch, so from_pretrained loaded the old head whole: a new label would keep the trained row of
+        # the label that had its index. (With a mismatch, from_pretrained drew a fresh head already.)
+        restart_head(model, new_head)
     with torch.no_grad():
         for i, label in enumerate(label_list):
             if label in old_rows:
                 new_head.weight[i] = head.weight[old_rows[label]]
                 if new_head.bias is not None and head.bias is not None:
                     new_head.bias[i] = head.bias[old_rows[label]]
-    fresh = [label for label in label_list if label not in old_rows]
     dropped = [label for label in old_rows if label not in label_list]
-    log.info("--model %s has a token-classification head: kept the rows of %d of %d labels%s%s", name, len(kept),
-             len(label_list), f"; new: {', '.join(fresh)}" if fresh else "",
+    log.info("--model %s has a token-classification head: kept the rows of %d of %d labels%s%s", name,
+             len(label_list) - len(fresh), len(label_list), f"; new: {', '.join(fresh)}" if fresh else "",
              f"; its labels not in the data: {', '.join(dropped)}" if dropped else "")
+
+
+def restart_head(model: torch.nn.Module, head: torch.nn.Linear) -> None:
+    """Give `head` the values a fresh head gets: from_pretrained's initialisation of a missing head (the model's own
+    _init_weights on it, then on each module above it: ModernBERT scales its classifier there). It runs on a new
+    layer put in the head's place, since transformers 5 leaves a parameter it loaded as it is."""
+    path = next(name for name, module in model.named_modules() if module is head)
+    parent_path, _, attribute = path.rpartition(".")
+    parent = model.get_submodule(parent_path)
+    blank = torch.nn.Linear(head.in_features, head.out_features, bias=head.bias is not None, device="meta")
+    blank = blank.to_empty(device=head.weight.device).to(head.weight.dtype)  # meta: no draw of torch's own init
+    setattr(parent, attribute, blank)
+    try:
+        parts = path.split(".")
+        for depth in range(len(parts), -1, -1):  # the head, then each module above it up to the model
+            model._init_weights(model.get_submodule(".".join(parts[:depth])))
+    finally:
+        setattr(parent, attribute, head)
+    with torch.no_grad():
+        head.weight.copy_(blank.weight)
+        if head.bias is not None:
+            head.bias.copy_(blank.bias)
 
 
 # The legacy row each current casing type starts from, for an export trained in the legacy scheme: lower,

@@ -1,4 +1,4 @@
-"""Accelerate: device placement, DDP wrapping, sampler sharding and autocast in `prepare`.
+"""Accelerate: model placement, DDP wrapping, sampler sharding and autocast in `prepare`.
 
     accelerate launch ner/train.py --train-file train.conll
     accelerate launch --config_file accelerate_configs/cpu_ddp.yaml ner/train.py --train-file train.conll
@@ -119,7 +119,9 @@ class AccelerateBackend:
         # The scheduler is deliberately not prepared: a prepared scheduler steps once per
         # process per update, which would make its schedule differ from raw DDP's.
         self._batch_sampler = train_loader.batch_sampler
-        return self.accelerator.prepare(model, optimizer, train_loader)
+        # The loader's batches stay on the CPU: the loop counts tokens on them before it moves them itself, as the
+        # other backends' loaders give them (device_placement=False for the loader only).
+        return self.accelerator.prepare(model, optimizer, train_loader, device_placement=[None, None, False])
 
     def set_epoch(self, train_loader, epoch: int, skip_batches: int) -> None:
         # Our sampler is a pure function of (seed, epoch); Accelerate's BatchSamplerShard then

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import platform
 import time
 from pathlib import Path
@@ -22,7 +23,7 @@ from ner.inference.tagger import predict_tags
 from ner.metrics import best_evaluation, entity_scores, format_scores
 from ner.testing import inject_fault
 from ner.training import checkpoint as ckpt
-from ner.training.loop import TrainState
+from ner.training.loop import TrainState, UnreadUpdates, UpdateRecord
 
 log = logging.getLogger("ner")
 
@@ -81,10 +82,8 @@ class TokenCounter:
         self.shapes: list[list[int]] = []
         self.start = time.perf_counter()
 
-    def add(self, micro_batches: list[dict]) -> None:
-        for batch in micro_batches:
-            rows, width = batch["attention_mask"].shape
-            self.shapes.append([rows, width, int(batch["attention_mask"].sum())])
+    def add(self, records: list[UpdateRecord]) -> None:
+        self.shapes += [shape for record in records for shape in record.batch_shapes]
 
     def take(self, backend: Backend) -> dict:
         """Totals over all ranks since the last call (a collective: every rank calls it), then reset."""
@@ -106,7 +105,8 @@ class RunHooks:
                         disable=not self.is_main or cfg.quiet)
         self.metrics_path = Path(cfg.output_dir) / "metrics.jsonl"
         self.tokens = TokenCounter()
-        self.losses_since_log: list[float] = []
+        self.logged_losses = len(state.step_losses)  # step_losses before this index are in an earlier record
+        self.grad_norms: list[float] = []  # since the last record
         self.last_saved: tuple[int, Path] | None = None
         self.state = state
         self.best_predictions: list[list[str]] | None = None
@@ -121,28 +121,44 @@ class RunHooks:
     def _progress(self, iterable, **kwargs):
         return tqdm(iterable, disable=not self.is_main or self.cfg.quiet, dynamic_ncols=True, **kwargs)
 
-    def on_update(self, state: TrainState, loss: float, micro_batches: list[dict]) -> None:
-        self.tokens.add(micro_batches)
-        self.losses_since_log.append(loss)
-        lr = self.scheduler.get_last_lr()[0]
+    def read(self, state: TrainState, unread: UnreadUpdates) -> None:
+        """Read the updates' values off the device into `state` (the host waits for the device here, and only here
+        during the updates)."""
+        records = unread.read_into(state)
+        self.tokens.add(records)
+        self.grad_norms += [r.grad_norm for r in records if r.grad_norm is not None and math.isfinite(r.grad_norm)]
+
+    def on_update(self, state: TrainState, unread: UnreadUpdates) -> None:
         self.bar.update(1)
-        self.bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", refresh=False)
-        if state.global_step % self.cfg.logging_steps == 0:
-            tokens = self.tokens.take(self.backend)
-            mean_loss = sum(self.losses_since_log) / len(self.losses_since_log)
-            self.losses_since_log = []
-            self.bar.set_postfix(loss=f"{mean_loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tokens['tokens_per_s']:.0f}")
-            record = {"step": state.global_step, "epoch": state.epoch, "loss": mean_loss, "lr": lr, **tokens}
-            if self.backend.grad_scaler is not None:  # fp16: a falling scale means overflowing gradients
-                record.update(loss_scale=self.backend.grad_scaler.get_scale(), skipped_steps=len(state.skipped_steps))
-            self._write(record)
+        due = [self.cfg.logging_steps, self.cfg.eval_steps, self.cfg.save_steps]
+        if any(steps and state.global_step % steps == 0 for steps in due):  # they need the values read
+            self.read(state, unread)
+        if self.cfg.logging_steps and state.global_step % self.cfg.logging_steps == 0:
+            self.log_interval(state)
         if self.cfg.eval_steps and state.global_step % self.cfg.eval_steps == 0:
             self.evaluate(state)
         if self.cfg.save_steps and state.global_step % self.cfg.save_steps == 0:
             self.save(state)
         inject_fault(state.global_step, self.backend.process_index)
 
-    def on_epoch_end(self, state: TrainState) -> None:
+    def log_interval(self, state: TrainState) -> None:
+        """One metrics.jsonl record for the updates since the last one: mean loss, learning rate, tokens."""
+        tokens = self.tokens.take(self.backend)
+        losses = state.step_losses[self.logged_losses:]
+        mean_loss = sum(losses) / len(losses)
+        self.logged_losses = len(state.step_losses)
+        lr = self.scheduler.get_last_lr()[0]
+        self.bar.set_postfix(loss=f"{mean_loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tokens['tokens_per_s']:.0f}")
+        record = {"step": state.global_step, "epoch": state.epoch, "loss": mean_loss, "lr": lr, **tokens}
+        if self.grad_norms:  # before clipping, mean over the interval's finite norms (fp16 overflows are not)
+            record["grad_norm"] = sum(self.grad_norms) / len(self.grad_norms)
+            self.grad_norms = []
+        if self.backend.grad_scaler is not None:  # fp16: a falling scale means overflowing gradients
+            record.update(loss_scale=self.backend.grad_scaler.get_scale(), skipped_steps=len(state.skipped_steps))
+        self._write(record)
+
+    def on_epoch_end(self, state: TrainState, unread: UnreadUpdates) -> None:
+        self.read(state, unread)  # the epoch's evaluation and checkpoint need them
         # Where plots draw the boundary, and the epoch's training seconds (its end-of-epoch evaluation
         # and checkpoint come after and are not counted).
         self._write({"step": state.global_step, "epoch_end": state.epoch,

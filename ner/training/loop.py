@@ -57,49 +57,136 @@ def token_loss_sum(model: torch.nn.Module, batch: dict, backend: Backend) -> tup
     return loss_sum, logits
 
 
+@dataclass
+class Update:
+    """One update's micro-batches: on the device for the model, and as the loader made them (on the CPU) for the
+    host's counts, so that counting never waits for the device."""
+
+    on_device: list[dict]
+    on_host: list[dict]
+
+    def labelled_tokens(self, device: torch.device) -> torch.Tensor:
+        """This rank's labelled tokens, counted on the CPU copy and queued to the device: a count read back from
+        the device would make the host wait there every update."""
+        count = sum((batch["labels"] != IGNORE_INDEX).sum() for batch in self.on_host)
+        return count.float().to(device, non_blocking=True)
+
+
+@dataclass
+class DeviceValues:
+    """An update's numbers, left on the device until someone needs them (UnreadUpdates reads them in bulk)."""
+
+    loss_sum: torch.Tensor  # summed over every rank's labelled tokens
+    tokens: torch.Tensor  # labelled tokens on every rank
+    grad_norm: torch.Tensor | None  # before clipping; None without clipping
+
+
 def train_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: LRScheduler,
-                 micro_batches: list[dict], backend: Backend, max_grad_norm: float) -> tuple[float, bool]:
+                 update: Update, backend: Backend, max_grad_norm: float) -> tuple[DeviceValues, bool]:
     """One optimizer update over this rank's micro-batches.
 
-    Returns the global mean token loss, and whether the weights changed: under fp16 an update
-    whose gradients overflowed is skipped, and then the schedule must not advance either.
+    Returns its loss, token count and gradient norm, still on the device, and whether the weights changed:
+    under fp16 an update whose gradients overflowed is skipped, and then the schedule must not advance either.
     """
-    local_tokens = sum(int((b["labels"] != IGNORE_INDEX).sum()) for b in micro_batches)
-    global_tokens = backend.reduce_sum(torch.tensor(float(local_tokens), device=backend.device)).item()
-    scale = backend.num_processes / max(global_tokens, 1.0)
+    global_tokens = backend.reduce_sum(update.labelled_tokens(backend.device))
+    # On the device, so the host never waits for the reduction. One float32 division gives the float32 that the
+    # host's float64 division rounded to; `n / tensor` would multiply by a reciprocal (two roundings).
+    scale = torch.full_like(global_tokens, backend.num_processes) / global_tokens.clamp(min=1.0)
     loss_total = torch.zeros((), device=backend.device)
-    for i, batch in enumerate(micro_batches):
-        is_last = i == len(micro_batches) - 1
+    for i, batch in enumerate(update.on_device):
+        is_last = i == len(update.on_device) - 1
         # Micro-steps that do not update skip DDP's gradient all-reduce.
         with contextlib.nullcontext() if is_last else backend.no_sync(model):
             loss_sum, _ = token_loss_sum(model, batch, backend)
             backend.backward(loss_sum * scale)
         loss_total += loss_sum.detach()
-    if max_grad_norm > 0:
-        backend.clip_grad_norm_(model.parameters(), max_grad_norm)
+    grad_norm = backend.clip_grad_norm_(model.parameters(), max_grad_norm) if max_grad_norm > 0 else None
     stepped = backend.step(optimizer)
     if stepped:
         scheduler.step()
     optimizer.zero_grad(set_to_none=True)
-    return backend.reduce_sum(loss_total).item() / max(global_tokens, 1.0), stepped
+    return DeviceValues(backend.reduce_sum(loss_total), global_tokens, grad_norm), stepped
 
 
-def batch_fingerprint(micro_batches: list[dict]) -> int:
-    """Which sentences an update saw, in order: resume tests compare these, step by step."""
-    ids = torch.cat([b["example_index"].cpu() for b in micro_batches]).numpy().astype(np.int64)
-    return zlib.crc32(ids.tobytes())
+def grouped(batches: Iterable[dict], size: int, device: torch.device) -> Iterator[Update]:
+    """Micro-batches in groups of `size` (the last group may be shorter): one group, one update.
 
-
-def grouped(batches: Iterable[dict], size: int, device: torch.device) -> Iterator[list[dict]]:
-    """Micro-batches in groups of `size` (the last group may be shorter): one group, one update."""
+    Every backend's loader gives CPU batches (Accelerate's is prepared without device placement): they move here.
+    """
     group: list[dict] = []
     for batch in batches:
-        group.append({k: v.to(device, non_blocking=True) for k, v in batch.items()})
+        group.append(batch)
         if len(group) == size:
-            yield group
+            yield Update([to_device(b, device) for b in group], group)
             group = []
     if group:
-        yield group
+        yield Update([to_device(b, device) for b in group], group)
+
+
+def to_device(batch: dict, device: torch.device) -> dict:
+    """What the model and the loss read; sentence and word ids stay on the CPU, where only the host reads them."""
+    needed = {**model_inputs(batch), "labels": batch["labels"]}
+    return {key: value.to(device, non_blocking=True) for key, value in needed.items()}
+
+
+@dataclass
+class UpdateRecord:
+    """One update as the logs and TrainState need it, read from the device."""
+
+    loss: float  # mean over every rank's labelled tokens
+    grad_norm: float | None
+    batch_shapes: list[list[int]]  # [rows, padded width, real tokens] per micro-batch on this rank
+    fingerprint: int
+
+
+class UnreadUpdates:
+    """Updates whose values are still on the device (and their CPU batches), read together when someone needs
+    them: a logging record, an evaluation, a checkpoint, the end of training. Each read of a device value makes
+    the host wait for the device; one read per logging interval instead of several per update keeps a GPU fed."""
+
+    def __init__(self) -> None:
+        self.values: list[DeviceValues] = []
+        self.host_batches: list[list[dict]] = []
+
+    def add(self, update: Update, values: DeviceValues) -> None:
+        self.values.append(values)
+        self.host_batches.append(update.on_host)
+
+    def read_into(self, state: TrainState) -> list[UpdateRecord]:
+        """Append the unread updates' losses and fingerprints to `state`; returns them, oldest first."""
+        if not self.values:
+            return []
+        records = [UpdateRecord(loss / max(tokens, 1.0), norm, shapes, fingerprint)
+                   for (loss, tokens, norm), (shapes, fingerprint)
+                   in zip(self._read_device(), self._read_host(), strict=True)]
+        state.step_losses += [record.loss for record in records]
+        state.step_batches += [record.fingerprint for record in records]
+        self.values, self.host_batches = [], []
+        return records
+
+    def _read_device(self) -> list[tuple[float, float, float | None]]:
+        """(loss sum, tokens, grad norm) per update, in one read."""
+        per_update = [[v.loss_sum, v.tokens] + ([] if v.grad_norm is None else [v.grad_norm]) for v in self.values]
+        flat = iter(torch.stack([t.float() for values in per_update for t in values]).tolist())
+        return [(next(flat), next(flat), next(flat) if len(values) == 3 else None) for values in per_update]
+
+    def _read_host(self) -> list[tuple[list[list[int]], int]]:
+        """(batch shapes, fingerprint) per update, from the CPU batches in one read: the real tokens of each
+        micro-batch, then the sentence id of each row."""
+        batches = [batch for update in self.host_batches for batch in update]
+        real = torch.stack([batch["attention_mask"].sum() for batch in batches])
+        flat = torch.cat([real, *(batch["example_index"] for batch in batches)]).tolist()
+        real_tokens, ids = iter(flat[:len(batches)]), iter(flat[len(batches):])
+        found = []
+        for update in self.host_batches:
+            shapes = [[*batch["attention_mask"].shape, next(real_tokens)] for batch in update]
+            found.append((shapes, batch_fingerprint([next(ids) for rows, _, _ in shapes for _ in range(rows)])))
+        return found
+
+
+def batch_fingerprint(example_ids: list[int]) -> int:
+    """Which sentences an update saw, in order: resume tests compare these, step by step."""
+    return zlib.crc32(np.asarray(example_ids, dtype=np.int64).tobytes())
 
 
 def updates_in_epoch(micro_batches_per_rank: int, accumulation: int) -> int:
@@ -107,9 +194,9 @@ def updates_in_epoch(micro_batches_per_rank: int, accumulation: int) -> int:
 
 
 class Hooks(Protocol):
-    def on_update(self, state: TrainState, loss: float, micro_batches: list[dict]) -> None: ...
+    def on_update(self, state: TrainState, unread: UnreadUpdates) -> None: ...
 
-    def on_epoch_end(self, state: TrainState) -> None: ...
+    def on_epoch_end(self, state: TrainState, unread: UnreadUpdates) -> None: ...
 
 
 def fit(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: LRScheduler,
@@ -119,23 +206,26 @@ def fit(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: LRS
 
     `global_step` counts updates attempted (each consumes its batches); one skipped on fp16
     overflow is listed in `state.skipped_steps`, so the scheduler has stepped
-    `global_step - len(skipped_steps)` times.
+    `global_step - len(skipped_steps)` times. Losses reach `state.step_losses` when the hooks read them
+    (logging, evaluation, checkpoint) and, at the latest, before this returns.
     """
+    unread = UnreadUpdates()
     while (state.stop_reason is None and state.global_step < total_steps
            and (num_epochs is None or state.epoch < num_epochs)):
         backend.set_epoch(train_loader, state.epoch, state.batches_done)
-        for group in grouped(train_loader, accumulation, backend.device):
-            loss, stepped = train_update(model, optimizer, scheduler, group, backend, max_grad_norm)
+        for update in grouped(train_loader, accumulation, backend.device):
+            values, stepped = train_update(model, optimizer, scheduler, update, backend, max_grad_norm)
+            unread.add(update, values)
             state.global_step += 1
-            state.batches_done += len(group)
-            state.step_losses.append(loss)
-            state.step_batches.append(batch_fingerprint(group))
+            state.batches_done += len(update.on_host)
             if not stepped:
                 state.skipped_steps.append(state.global_step)
-            hooks.on_update(state, loss, group)
+            hooks.on_update(state, unread)
             if state.stop_reason is not None or (num_epochs is None and state.global_step >= total_steps):
+                unread.read_into(state)
                 return state
         state.epoch += 1
         state.batches_done = 0
-        hooks.on_epoch_end(state)
+        hooks.on_epoch_end(state, unread)
+    unread.read_into(state)
     return state

@@ -8,6 +8,7 @@
     python -m benchmarks.shapes --multiples 1,4,8                           # cost of new batch shapes on CPU
     python -m benchmarks.seeds --seeds 1 2 3 --out seeds_out/x -- --config scripts/conll2003.yaml  # F1 over seeds
     python -m benchmarks.startup MODEL_DIR --runs 3                          # start-up and peak RSS per runtime
+    python -m benchmarks.startup --train --runs 5                            # ner.train's fixed cost per phase
     python -m benchmarks.batch_independence MODEL_DIR ../shared/data/conll2003/train.txt  # fixed-shape plans
     python -m benchmarks.text_split --chars 100000                          # adversarial text vs prose
     python -m benchmarks.corpus_scaling MODEL_DIR ../shared/data/conll2003/train.txt --out scal/  # processes x threads

@@ -269,3 +269,17 @@ def int8_matmul_peak(threads: int, size: int = 2048, reps: int = 3) -> float:
 def peak_for(peaks: dict, precision: str) -> float:
     """The peak of a run's precision; nan for bf16 on a CPU without bf16 units (not measured: emulated)."""
     return peaks.get("bf16_flops_per_s", float("nan")) if precision == "bf16" else peaks["fp32_flops_per_s"]
+
+
+def cpu_description() -> str:
+    """The CPU's model and the vector units the defaults depend on, to print beside every figure."""
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "unknown CPU"
+    model = next((line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")),
+                 "unknown CPU")
+    flags = set(next((line.split(":", 1)[1].split() for line in cpuinfo.splitlines() if line.startswith("flags")), []))
+    units = [name for name in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if name in flags]
+    amx = "" if "amx_bf16" in flags else ", no AMX"
+    return f"{model}, {os.cpu_count()} cores ({' '.join(units) or 'no avx2'}{amx})"

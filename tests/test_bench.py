@@ -275,6 +275,19 @@ def test_the_bench_replaces_only_folders_it_made(tmp_path):
     assert training_speed.claim_out(out) == out  # an earlier run's OUT is taken again
 
 
+def test_train_phases_add_up_to_the_fixed_cost_and_count_only_the_saves_after_the_last_update():
+    from benchmarks import startup
+
+    stamps = {"imports": 102.0, "calls": {"prepare_data": [[102.5, 103.0]], "build_model": [[103.0, 105.0]],
+                                          "save": [[107.0, 108.0], [111.0, 112.0], [112.0, 112.0]],
+                                          "export_checkpoint": [[113.0, 113.5]], "finish": [[110.0, 114.0]]}}
+    bounds = startup.boundaries(stamps, [106.0, 108.5, 110.0], {"start_time": 100.0, "wall_s": 15.0})
+    phases = startup.phase_seconds(bounds)
+    assert phases["final evaluation"] == 1.0 and phases["checkpoint"] == 1.0  # the save at 107 was in the loop
+    assert phases["start-up"] == 6.0 and phases["tear-down"] == 5.0 and phases["loop (updates 2..N)"] == 4.0
+    assert phases["fixed cost"] == sum(phases[name] for name, _ in startup.START_UP + startup.TEAR_DOWN) == 11.0
+
+
 ENTRY_POINTS = ("training_speed", "baseline", "eval_speed", "inference", "shapes", "seeds", "startup",
                 "batch_independence", "text_split", "corpus_scaling")
 

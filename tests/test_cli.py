@@ -56,6 +56,12 @@ def test_training_ends_on_where_the_model_is_and_how_to_use_it(trained):
     assert all(str(trained / "final") in c for c in commands)
 
 
+def test_training_leaves_every_plot(trained):
+    """Drawn in a thread beside the run's end (ner.training.run.start_plots), and waited for before it exits."""
+    for name in ("loss_lr.png", "validation_f1.png", "per_type_f1.png", "confusion.png"):
+        assert (trained / name).read_bytes().startswith(b"\x89PNG\r\n\x1a\n"), name
+
+
 def test_rotation_keeps_the_newest_two_and_the_best(trained):
     """6 epochs, a checkpoint at each epoch end (where each evaluation is): kept are epochs 5, 6 and the best."""
     state = read_state(list_checkpoints(trained)[-1])

@@ -287,3 +287,17 @@ def test_importing_a_module_that_needs_no_torch_does_not_load_it(module):
     found = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert found.returncode == 0, found.stderr[-2000:]
     assert found.stdout.strip() == "False"
+
+
+# What only some runs use, each seconds to import on 2 cores: plots, seqeval's report (scikit-learn, which pulls in
+# scipy and pandas), --dataset and save_to_disk folders, --onnx.
+ON_REQUEST = ("matplotlib", "sklearn", "seqeval.metrics", "scipy", "pandas", "datasets", "onnx", "onnxruntime")
+
+
+def test_the_training_command_imports_no_step_it_has_not_reached():
+    """Start-up is paid by every run (issue 45): `python -m ner.train` imports these in the step that uses them."""
+    probe = ("import sys, ner.train, ner.training.run, ner.training.export, ner.training.hooks; "
+             f"print(' '.join(m for m in {ON_REQUEST!r} if m in sys.modules))")
+    found = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert found.returncode == 0, found.stderr[-2000:]
+    assert found.stdout.split() == []

@@ -10,6 +10,7 @@ import pytest
 from seqeval.metrics import classification_report
 
 from ner.data.examples import build_label_list, read_conll, read_predictions, write_predictions
+from ner.errors import UserError
 from ner.evaluate import main as evaluate_main
 from ner.metrics import entity_scores
 from ner.plot import main as plot_main
@@ -63,6 +64,40 @@ def test_write_plots_writes_every_png(tmp_path):
     for name in ALL_PLOTS:
         assert_png(tmp_path / name)
     assert not list(tmp_path.glob(".*tmp*")), "temporary files left behind"
+
+
+def test_training_draws_the_plots_beside_its_end_and_the_confusion_once_its_file_is_written(tmp_path):
+    """start_plots draws in a thread while the run scores and exports; confusion.png waits for the predictions."""
+    import threading
+    import time
+
+    from ner.training.run import start_plots
+
+    predictions = write_run(tmp_path) / "predictions" / "validation.conll"
+    held = predictions.read_bytes()
+    predictions.unlink()  # not written yet
+    written = threading.Event()
+    plots = start_plots(tmp_path, written)
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "per_type_f1.png").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.2)  # a thread that did not wait would have drawn confusion.png by now
+    assert not (tmp_path / "confusion.png").exists() and not plots.done()
+    predictions.write_bytes(held)
+    written.set()
+    assert [p.name for p in plots.result(timeout=120)] == list(ALL_PLOTS)
+    assert_png(tmp_path / "confusion.png")
+
+
+def test_an_error_while_drawing_reaches_the_run(tmp_path):
+    import threading
+
+    from ner.training.run import start_plots
+
+    written = threading.Event()
+    written.set()
+    with pytest.raises(UserError, match="not a folder"):
+        start_plots(tmp_path / "gone", written).result(timeout=120)
 
 
 def test_live_run_with_half_written_line(tmp_path):

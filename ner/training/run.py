@@ -11,6 +11,8 @@ import os
 import random
 import shlex
 import shutil
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -45,7 +47,6 @@ from ner.training.model import (
     lowercases,
     takes_token_types,
 )
-from ner.training.plots import write_plots
 
 log = logging.getLogger("ner")
 
@@ -329,9 +330,32 @@ def write_validation_predictions(cfg: TrainConfig, backend: Backend, model: torc
 
 def finish(cfg: TrainConfig, backend: Backend, model: torch.nn.Module, data: Prepared, state: TrainState,
            hooks: RunHooks) -> dict:
-    """Final checkpoint, best weights back in, test score, export to OUTPUT_DIR/final."""
+    """Final checkpoint, best weights back in, test score, export to OUTPUT_DIR/final; the plots meanwhile."""
     if not state.eval_history or state.eval_history[-1]["step"] != state.global_step:
         hooks.evaluate(state, can_stop=False)  # --max-steps can stop between scheduled evaluations
+    predictions_written = threading.Event()
+    plots = start_plots(cfg.output_path, predictions_written) if backend.is_main_process else None
+    try:
+        metrics, source = score_final_model(cfg, backend, model, data, state, hooks)
+    finally:
+        predictions_written.set()  # on an error too: the thread draws what the files allow, and ends
+    if backend.is_main_process:
+        # update: on resume final/ holds the export of the run's earlier end, which the new one replaces
+        # (claim_output_dir refused anything else there that the new export would replace)
+        export_checkpoint(source, cfg.output_path / "final", metrics, update=True)
+        log.info("exported %s", cfg.output_path / "final")
+        plots.result()  # the plots belong to the run's output: wait for them, and raise what drawing raised
+        print(json.dumps({k: (v["f1"] if isinstance(v, dict) else v) for k, v in metrics.items()
+                          if k != "errors" and (not isinstance(v, dict) or "f1" in v)}))
+        print(next_steps(cfg.output_path / "final", metrics, cfg.test_file), flush=True)
+    backend.wait_for_everyone()
+    return metrics
+
+
+def score_final_model(cfg: TrainConfig, backend: Backend, model: torch.nn.Module, data: Prepared,
+                      state: TrainState, hooks: RunHooks) -> tuple[dict, Path]:
+    """The final checkpoint, the best weights loaded back, the test score and the validation predictions file:
+    (final metrics, the checkpoint to export)."""
     last = hooks.save(state)
     best = ckpt.checkpoint_root(cfg.output_path) / f"step_{state.best_step}"
     source = best if state.best_step is not None and best.is_dir() else last
@@ -353,19 +377,22 @@ def finish(cfg: TrainConfig, backend: Backend, model: torch.nn.Module, data: Pre
         metrics["errors"] = {"validation": entity_errors(gold, validation_predicted), **metrics.get("errors", {})}
     for split, errors in metrics.get("errors", {}).items():
         log.info("%s, by kind of error:\n%s", split, format_errors(errors))
-    if backend.is_main_process:
-        # update: on resume final/ holds the export of the run's earlier end, which the new one replaces
-        # (claim_output_dir refused anything else there that the new export would replace)
-        export_checkpoint(source, cfg.output_path / "final", metrics, update=True)
-        log.info("exported %s", cfg.output_path / "final")
-        write_plots(cfg.output_path)
-        print(json.dumps({k: (v["f1"] if isinstance(v, dict) else v) for k, v in metrics.items()
-                          if k != "errors" and (not isinstance(v, dict) or "f1" in v)}))
-        print(next_steps(cfg.output_path / "final", metrics, cfg.test_file), flush=True)
-    backend.wait_for_everyone()
-    return metrics
+    return metrics, source
 
 
+def start_plots(output_dir: Path, predictions_written: threading.Event) -> Future:
+    """The run's plots, drawn in a thread while the run ends: importing matplotlib (about 0.6 s on 2 cores) and the
+    metrics plots overlap the checkpoint, the test set and the export; the confusion matrix waits for its file."""
+    def draw() -> list[Path]:
+        from ner.training.plots import write_plots  # matplotlib: only in this thread, off the critical path
+
+        return write_plots(output_dir, wait_for_predictions=predictions_written.wait)
+
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ner-plots")
+    try:
+        return pool.submit(draw)
+    finally:
+        pool.shutdown(wait=False)  # its one thread ends with its one task
 
 
 def next_steps(final_dir, metrics: dict, test_file: str | None = None) -> str:

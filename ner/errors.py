@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import atexit
 import functools
 import logging
 import os
 import sys
+import threading
 from collections.abc import Callable
+from typing import NoReturn
 
 USAGE_EXIT_CODE = 2
 
@@ -44,6 +47,17 @@ def cli(main: Callable[[list[str] | None], int]) -> Callable[[list[str] | None],
             return report(exc)
 
     return wrapped
+
+
+def exit_now(code: int) -> NoReturn:
+    """End a command's process the way the interpreter would, less its teardown: after torch and transformers,
+    freeing every module and object one at a time takes 1-2 s on 2 cores, memory the OS frees at once anyway. Other
+    threads are waited for and the exit handlers run (logging, trackers, temporary folders), as at a normal exit."""
+    threading._shutdown()  # what the interpreter does first at exit: wait for the threads that are not daemons
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(code)
 
 
 class _CurrentStderr(logging.StreamHandler):

@@ -18,7 +18,7 @@ from __future__ import annotations
 import sys
 
 from ner.backends import Backend, launch
-from ner.errors import cli
+from ner.errors import cli, exit_now
 from ner.training.checkpoint import record_tracker_files
 from ner.training.config import parse_config
 from ner.training.run import run
@@ -45,4 +45,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

@@ -57,19 +57,82 @@ def token_loss_sum(model: torch.nn.Module, batch: dict, backend: Backend) -> tup
     return loss_sum, logits
 
 
+# Updates whose CPU batches are fetched and counted together: one read of host memory per window, none per update.
+HOST_WINDOW = 16
+
+
 @dataclass
 class Update:
-    """One update's micro-batches: on the device for the model, and as the loader made them (on the CPU) for the
-    host's counts, so that counting never waits for the device."""
+    """One update's micro-batches on the device, and what the host knows of them, read from their CPU copies:
+    a count read back from the device would make the host wait there every update."""
 
-    on_device: list[dict]
-    on_host: list[dict]
+    micro_batches: list[dict]  # on the device
+    labelled_tokens: int  # on this rank
+    batch_shapes: list[list[int]]  # [rows, padded width, real tokens] per micro-batch
+    fingerprint: int  # batch_fingerprint of its sentence ids
 
-    def labelled_tokens(self, device: torch.device) -> torch.Tensor:
-        """This rank's labelled tokens, counted on the CPU copy and queued to the device: a count read back from
-        the device would make the host wait there every update."""
-        count = sum((batch["labels"] != IGNORE_INDEX).sum() for batch in self.on_host)
-        return count.float().to(device, non_blocking=True)
+
+def grouped(batches: Iterable[dict], size: int, device: torch.device) -> Iterator[Update]:
+    """Micro-batches in groups of `size` (the last group may be shorter): one group, one update.
+
+    Every backend's loader gives CPU batches (Accelerate's is prepared without device placement). They are
+    counted HOST_WINDOW updates at a time, then moved; the loaders draw no random numbers, so fetching ahead
+    changes nothing else.
+    """
+    for window in chunks(chunks(batches, size), HOST_WINDOW):
+        for group, (labelled, shapes, fingerprint) in zip(window, host_counts(window), strict=True):
+            on_device = [to_device(batch, device, rows * width == real) for batch, (rows, width, real)
+                         in zip(group, shapes, strict=True)]
+            yield Update(on_device, labelled, shapes, fingerprint)
+
+
+def chunks(items: Iterable, size: int) -> Iterator[list]:
+    chunk: list = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def host_counts(groups: list[list[dict]]) -> list[tuple[int, list[list[int]], int]]:
+    """(labelled tokens, batch shapes, fingerprint) of each group of CPU batches, in one read: the labelled and
+    real tokens of each micro-batch, then the sentence id of each row."""
+    batches = [batch for group in groups for batch in group]
+    tokens = [[(batch["labels"] != IGNORE_INDEX).sum(), batch["attention_mask"].sum()] for batch in batches]
+    flat = torch.cat([torch.stack(sum(tokens, [])), *(batch["example_index"] for batch in batches)]).tolist()
+    end = 2 * len(batches)
+    sums, ids = iter(zip(flat[0:end:2], flat[1:end:2])), iter(flat[end:])
+    counts = []
+    for group in groups:
+        labelled, shapes, example_ids = 0, [], []
+        for batch in group:
+            batch_labelled, real = next(sums)
+            rows, width = batch["attention_mask"].shape
+            labelled += batch_labelled
+            shapes.append([rows, width, real])
+            example_ids += [next(ids) for _ in range(rows)]
+        counts.append((labelled, shapes, batch_fingerprint(example_ids)))
+    return counts
+
+
+def batch_fingerprint(example_ids: list[int]) -> int:
+    """Which sentences an update saw, in order: resume tests compare these, step by step."""
+    return zlib.crc32(np.asarray(example_ids, dtype=np.int64).tobytes())
+
+
+def to_device(batch: dict, device: torch.device, padding_free: bool) -> dict:
+    """What the model and the loss read; sentence and word ids stay on the CPU, where only the host reads them.
+
+    A batch without padding goes without its attention mask: transformers reads a mask back from the device to
+    see whether it can drop it (`padding_mask.all()`), and no mask means all ones to every encoder family.
+    """
+    needed = {**model_inputs(batch), "labels": batch["labels"]}
+    if padding_free:
+        del needed["attention_mask"]
+    return {key: value.to(device, non_blocking=True) for key, value in needed.items()}
 
 
 @dataclass
@@ -88,13 +151,15 @@ def train_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sched
     Returns its loss, token count and gradient norm, still on the device, and whether the weights changed:
     under fp16 an update whose gradients overflowed is skipped, and then the schedule must not advance either.
     """
-    global_tokens = backend.reduce_sum(update.labelled_tokens(backend.device))
-    # On the device, so the host never waits for the reduction. One float32 division gives the float32 that the
-    # host's float64 division rounded to; `n / tensor` would multiply by a reciprocal (two roundings).
+    # Queued to the device, not read back: the reduction's result stays there.
+    local_tokens = torch.tensor(float(update.labelled_tokens)).to(backend.device, non_blocking=True)
+    global_tokens = backend.reduce_sum(local_tokens)
+    # One float32 division gives the float32 that the host's float64 division rounded to; `n / tensor` would
+    # multiply by a reciprocal (two roundings).
     scale = torch.full_like(global_tokens, backend.num_processes) / global_tokens.clamp(min=1.0)
     loss_total = torch.zeros((), device=backend.device)
-    for i, batch in enumerate(update.on_device):
-        is_last = i == len(update.on_device) - 1
+    for i, batch in enumerate(update.micro_batches):
+        is_last = i == len(update.micro_batches) - 1
         # Micro-steps that do not update skip DDP's gradient all-reduce.
         with contextlib.nullcontext() if is_last else backend.no_sync(model):
             loss_sum, _ = token_loss_sum(model, batch, backend)
@@ -108,30 +173,9 @@ def train_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sched
     return DeviceValues(backend.reduce_sum(loss_total), global_tokens, grad_norm), stepped
 
 
-def grouped(batches: Iterable[dict], size: int, device: torch.device) -> Iterator[Update]:
-    """Micro-batches in groups of `size` (the last group may be shorter): one group, one update.
-
-    Every backend's loader gives CPU batches (Accelerate's is prepared without device placement): they move here.
-    """
-    group: list[dict] = []
-    for batch in batches:
-        group.append(batch)
-        if len(group) == size:
-            yield Update([to_device(b, device) for b in group], group)
-            group = []
-    if group:
-        yield Update([to_device(b, device) for b in group], group)
-
-
-def to_device(batch: dict, device: torch.device) -> dict:
-    """What the model and the loss read; sentence and word ids stay on the CPU, where only the host reads them."""
-    needed = {**model_inputs(batch), "labels": batch["labels"]}
-    return {key: value.to(device, non_blocking=True) for key, value in needed.items()}
-
-
 @dataclass
 class UpdateRecord:
-    """One update as the logs and TrainState need it, read from the device."""
+    """One update as the logs and TrainState need it, its device values read."""
 
     loss: float  # mean over every rank's labelled tokens
     grad_norm: float | None
@@ -140,53 +184,34 @@ class UpdateRecord:
 
 
 class UnreadUpdates:
-    """Updates whose values are still on the device (and their CPU batches), read together when someone needs
-    them: a logging record, an evaluation, a checkpoint, the end of training. Each read of a device value makes
-    the host wait for the device; one read per logging interval instead of several per update keeps a GPU fed."""
+    """Updates whose values are still on the device, read together when someone needs them: a logging record,
+    an evaluation, a checkpoint, the end of training. Each read of a device value makes the host wait for the
+    device; one read per logging interval instead of several per update keeps a GPU fed."""
 
     def __init__(self) -> None:
         self.values: list[DeviceValues] = []
-        self.host_batches: list[list[dict]] = []
+        self.updates: list[Update] = []
 
     def add(self, update: Update, values: DeviceValues) -> None:
         self.values.append(values)
-        self.host_batches.append(update.on_host)
+        self.updates.append(update)
 
     def read_into(self, state: TrainState) -> list[UpdateRecord]:
         """Append the unread updates' losses and fingerprints to `state`; returns them, oldest first."""
         if not self.values:
             return []
-        records = [UpdateRecord(loss / max(tokens, 1.0), norm, shapes, fingerprint)
-                   for (loss, tokens, norm), (shapes, fingerprint)
-                   in zip(self._read_device(), self._read_host(), strict=True)]
+        records = [UpdateRecord(loss / max(tokens, 1.0), norm, update.batch_shapes, update.fingerprint)
+                   for (loss, tokens, norm), update in zip(self._read(), self.updates, strict=True)]
         state.step_losses += [record.loss for record in records]
         state.step_batches += [record.fingerprint for record in records]
-        self.values, self.host_batches = [], []
+        self.values, self.updates = [], []
         return records
 
-    def _read_device(self) -> list[tuple[float, float, float | None]]:
+    def _read(self) -> list[tuple[float, float, float | None]]:
         """(loss sum, tokens, grad norm) per update, in one read."""
         per_update = [[v.loss_sum, v.tokens] + ([] if v.grad_norm is None else [v.grad_norm]) for v in self.values]
         flat = iter(torch.stack([t.float() for values in per_update for t in values]).tolist())
         return [(next(flat), next(flat), next(flat) if len(values) == 3 else None) for values in per_update]
-
-    def _read_host(self) -> list[tuple[list[list[int]], int]]:
-        """(batch shapes, fingerprint) per update, from the CPU batches in one read: the real tokens of each
-        micro-batch, then the sentence id of each row."""
-        batches = [batch for update in self.host_batches for batch in update]
-        real = torch.stack([batch["attention_mask"].sum() for batch in batches])
-        flat = torch.cat([real, *(batch["example_index"] for batch in batches)]).tolist()
-        real_tokens, ids = iter(flat[:len(batches)]), iter(flat[len(batches):])
-        found = []
-        for update in self.host_batches:
-            shapes = [[*batch["attention_mask"].shape, next(real_tokens)] for batch in update]
-            found.append((shapes, batch_fingerprint([next(ids) for rows, _, _ in shapes for _ in range(rows)])))
-        return found
-
-
-def batch_fingerprint(example_ids: list[int]) -> int:
-    """Which sentences an update saw, in order: resume tests compare these, step by step."""
-    return zlib.crc32(np.asarray(example_ids, dtype=np.int64).tobytes())
 
 
 def updates_in_epoch(micro_batches_per_rank: int, accumulation: int) -> int:
@@ -217,7 +242,7 @@ def fit(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: LRS
             values, stepped = train_update(model, optimizer, scheduler, update, backend, max_grad_norm)
             unread.add(update, values)
             state.global_step += 1
-            state.batches_done += len(update.on_host)
+            state.batches_done += len(update.micro_batches)
             if not stepped:
                 state.skipped_steps.append(state.global_step)
             hooks.on_update(state, unread)

@@ -29,11 +29,10 @@ from seqeval.metrics import classification_report
 
 from ner.data.examples import Example, check_known_labels
 from ner.data.formats import read_examples
-from ner.data.tags import get_entities
 from ner.errors import UserError, cli
 from ner.inference.analysis import Match, Span, analyse, format_analysis, match_entities
 from ner.inference.options import add_inference_arguments
-from ner.metrics import entity_scores, seqeval_kwargs
+from ner.metrics import entity_scores, get_entities, seqeval_kwargs
 from ner.training.config import add_data_arguments
 
 # What the side-by-side view says of each kind of match.

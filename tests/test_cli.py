@@ -62,6 +62,21 @@ def test_training_leaves_every_plot(trained):
         assert (trained / name).read_bytes().startswith(b"\x89PNG\r\n\x1a\n"), name
 
 
+def test_a_run_imports_no_library_that_only_other_steps_need(tiny_bert, tiny_data, tmp_path):
+    """Train, evaluate, test, export and plot without scikit-learn or pandas (seqeval.metrics pulls them in:
+    ner.metrics counts the scores itself), datasets (--dataset) or onnx (--onnx): each costs seconds of a run. (scipy
+    is not in the list: transformers' modeling_utils imports scipy.optimize wherever scipy is installed.)"""
+    import sys
+
+    code = ("import sys; from ner.train import main; code = main(sys.argv[1:]); print('imported:', *(m for m in "
+            "('sklearn', 'pandas', 'datasets', 'onnx', 'onnxruntime') if m in sys.modules)); sys.exit(code)")
+    result = run_cli([sys.executable, "-c", code, *tiny_args(tiny_bert, tiny_data, tmp_path / "run", "--num-epochs",
+                                                             "1")])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.splitlines()[-1] == "imported:"
+    assert json.loads((tmp_path / "run" / "final" / "metrics.json").read_text())["test"]["support"] > 0
+
+
 def test_rotation_keeps_the_newest_two_and_the_best(trained):
     """6 epochs, a checkpoint at each epoch end (where each evaluation is): kept are epochs 5, 6 and the best."""
     state = read_state(list_checkpoints(trained)[-1])

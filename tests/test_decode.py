@@ -193,12 +193,12 @@ ODD_TAGS = ["O", "B-PER", "I-PER", "E-PER", "S-PER", "B-LOC", "I-LOC", "E-LOC", 
 @given(st.lists(st.sampled_from(ODD_TAGS), max_size=12))
 @settings(max_examples=400, derandomize=True, deadline=None, database=None)
 def test_entities_are_read_from_tags_exactly_as_seqeval_reads_them(tags):
-    """ner.data.tags.get_entities (no scikit-learn import) against seqeval's, on any sequence of these labels."""
+    """ner.metrics.get_entities (no scikit-learn import) against seqeval's, on any sequence of these labels."""
     import warnings
 
     from seqeval.metrics.sequence_labeling import get_entities as seqeval_entities
 
-    from ner.data.tags import get_entities
+    from ner.metrics import get_entities
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # seqeval warns about the non-NE labels drawn here
@@ -206,12 +206,14 @@ def test_entities_are_read_from_tags_exactly_as_seqeval_reads_them(tags):
     assert get_entities(list(tags)) == expected
 
 
-def test_reading_tags_imports_no_scikit_learn():
+def test_reading_tags_and_scoring_them_import_no_scikit_learn():
     import subprocess
     import sys
 
-    code = ("import sys; import ner.predict, ner.serve, ner.inference.tagger; from ner.data.tags import get_entities; "
-            "get_entities(['B-PER']); print('sklearn' in sys.modules, 'seqeval.metrics' in sys.modules)")
+    code = ("import sys; import ner.predict, ner.serve, ner.inference.tagger; "
+            "from ner.metrics import entity_scores, get_entities; get_entities(['B-PER']); "
+            "entity_scores([['B-PER', 'E-PER']], [['S-PER', 'O']], 'iobes'); entity_scores([['B-PER']], [['I-PER']]); "
+            "print('sklearn' in sys.modules, 'seqeval.metrics' in sys.modules)")
     ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout.split() == ["False", "False"]

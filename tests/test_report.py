@@ -7,6 +7,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from seqeval.metrics import classification_report
 
 from ner.data.examples import build_label_list, read_conll, read_predictions, write_predictions
@@ -122,6 +124,44 @@ def test_plot_cli_rejects_a_folder_that_is_not_a_run(tmp_path, capsys):
     assert plot_main([str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error:") and str(tmp_path) in err[0]
+
+
+# ----------------------------------------------------------------------------- scores
+
+SCORED_TAGS = ["O", "B-PER", "I-PER", "E-PER", "S-PER", "B-LOC", "I-LOC", "E-LOC", "S-LOC", "I-MISC", "B-MISC", "B-A-B"]
+
+
+def seqeval_scores(gold: list[list[str]], predicted: list[list[str]], scheme: str) -> dict:
+    """What ner.metrics.entity_scores returned when it called seqeval's classification_report."""
+    from ner.metrics import seqeval_kwargs
+
+    report = classification_report(gold, predicted, output_dict=True, zero_division=0, **seqeval_kwargs(scheme))
+
+    def row(r: dict) -> dict:
+        return {"precision": float(r["precision"]), "recall": float(r["recall"]), "f1": float(r["f1-score"]),
+                "support": int(r["support"])}
+
+    overall = row(report.get("micro avg", {"precision": 0.0, "recall": 0.0, "f1-score": 0.0, "support": 0}))
+    return {**overall, "per_type": {name: row(r) for name, r in report.items() if not name.endswith(" avg")}}
+
+
+@given(st.lists(st.lists(st.sampled_from(SCORED_TAGS), max_size=8), min_size=1, max_size=5), st.randoms(),
+       st.sampled_from(["iob1", "iob2", "iobes"]))
+@settings(max_examples=300, derandomize=True, deadline=None, database=None)
+def test_entity_scores_are_seqevals_numbers_exactly(gold, random, scheme):
+    """Counted in ner.metrics (no scikit-learn): the same floats as seqeval's report, lenient and strict (IOBES)."""
+    import warnings
+
+    predicted = [[random.choice(SCORED_TAGS) for _ in tags] for tags in gold]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # seqeval warns about tags its strict scheme does not know
+        expected = seqeval_scores(gold, predicted, scheme)
+    assert entity_scores(gold, predicted, scheme) == expected
+
+
+def test_entity_scores_refuse_tags_of_other_lengths():
+    with pytest.raises(ValueError, match="number of sentences or of words"):
+        entity_scores([["O", "B-PER"]], [["O"]])
 
 
 # ----------------------------------------------------------------------------- confusion

@@ -268,7 +268,7 @@ def span_record(sentences: Iterable[tuple[list[str], list[str]]], tokens: bool =
     """{"text", "entities"} for sentences of (words, tags): words joined by spaces, sentences by newlines.
     `tokens`: also the words as Prodigy's "tokens", so that reading the record back gives the same
     words whatever the splitter would make of the text."""
-    from ner.data.tags import get_entities
+    from ner.metrics import get_entities
 
     lines, entities, words_at, offset = [], [], [], 0
     for words, tags in sentences:

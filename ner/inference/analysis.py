@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ner.data.tags import get_entities
+from ner.metrics import get_entities
 
 Span = tuple[str, int, int]  # (type, first word, last word), as seqeval's get_entities
 

@@ -237,6 +237,25 @@ def test_the_end_of_training_export_replaces_its_own_card_and_keeps_your_files(c
     assert caplog.text == ""
 
 
+def test_the_runs_own_export_reads_the_hashes_of_the_checkpoint_it_sealed(checkpoint, tmp_path, monkeypatch):
+    """The end of a run exports the checkpoint it sealed a moment ago (sealed_here) without hashing it again, and the
+    listing takes the copied model files' hashes from the manifest; it still lists every file as it is."""
+    import ner.training.checkpoint
+    import ner.training.export
+
+    hashed = []
+    for module in (ner.training.export, ner.training.checkpoint):
+        monkeypatch.setattr(module, "sha256_file", lambda path, real=files.sha256_file: hashed.append(path.name) or
+                            real(path))
+    out = export_checkpoint(checkpoint, tmp_path / "final", update=True, sealed_here=True)
+    assert sorted(hashed) == ["README.md", "metrics.json", "training_args.json"]  # what the export wrote itself
+    listing = json.loads((out / EXPORT_LISTING).read_text())
+    assert listing == {p.name: files.sha256_file(p) for p in out.iterdir() if p.name != EXPORT_LISTING}
+    hashed.clear()
+    export_checkpoint(checkpoint, tmp_path / "again")
+    assert "model.safetensors" in hashed and "trainer_state.json" in hashed  # any other export verifies first
+
+
 # ----------------------------------------------------------------------------- --overwrite-output-dir
 
 def claim(out, overwrite=True, resume=None, resume_from=None):

@@ -16,7 +16,7 @@ from ner.errors import UserError
 from ner.files import sha256_file, staged_folder
 from ner.inference.analysis import format_errors_markdown
 from ner.metrics import best_evaluation, format_table
-from ner.training.checkpoint import read_state, verify
+from ner.training.checkpoint import MANIFEST, read_state, verify
 from ner.training.model import PACKAGED_MODELS, packaged_copy_of
 
 log = logging.getLogger("ner")
@@ -32,11 +32,14 @@ UNLISTED_EXPORT_NAMES = frozenset({
 
 
 def export_checkpoint(checkpoint: Path, out_dir: Path, metrics: dict | None = None, onnx: bool = False,
-                      quantize: str | None = None, overwrite: bool = False, update: bool = False) -> Path:
+                      quantize: str | None = None, overwrite: bool = False, update: bool = False,
+                      sealed_here: bool = False) -> Path:
     """Copy the checkpoint's model folder and describe it; `metrics` defaults to its evals. `overwrite` (the user's
     --overwrite): OUT may be an export, replaced whole but for what was never its own. `update` (OUTPUT_DIR/final at
-    the end of a run): the same, but a file no record shows the export wrote is refused instead of replaced."""
-    problem = verify(checkpoint)
+    the end of a run): the same, but a file no record shows the export wrote is refused instead of replaced.
+    `sealed_here`: the caller sealed the checkpoint a moment ago (a run's last save), so it is not read again to
+    verify it (every file hashed, the optimizer state too: about 0.35 s of a run's end on 2 cores)."""
+    problem = None if sealed_here else verify(checkpoint)
     if problem is not None:
         raise UserError(f"{checkpoint}: not a complete checkpoint: {problem}")
     out_dir = Path(out_dir)
@@ -56,8 +59,16 @@ def export_checkpoint(checkpoint: Path, out_dir: Path, metrics: dict | None = No
         (tmp / "README.md").write_text(model_card(training_args, metrics), encoding="utf-8")
         add_onnx(tmp, onnx, quantize)
         check_out_dir(out_dir, overwrite, update)  # again: the ONNX check takes a while
-        keep_what_is_not_ours(out_dir, tmp, overwrite)
+        keep_what_is_not_ours(out_dir, tmp, overwrite, known=copied_hashes(checkpoint))
     return out_dir
+
+
+def copied_hashes(checkpoint: Path) -> dict[str, str]:
+    """SHA-256 of the model files an export copies, from the checkpoint's manifest (just verified, or sealed by the
+    caller), so the copies are not hashed again for the export's listing."""
+    entries = json.loads((checkpoint / MANIFEST).read_text(encoding="utf-8"))["files"]
+    return {name[len("model/"):]: entry["sha256"] for name, entry in entries.items()
+            if name.startswith("model/") and name.count("/") == 1 and name[len("model/"):] not in DESCRIPTION}
 
 
 def export_folder(model_dir: Path, out_dir: Path, onnx: bool = False, quantize: str | None = None,
@@ -109,13 +120,17 @@ def export_any(source: Path, out_dir: Path, onnx: bool = False, quantize: str | 
                     "(config.json + training_args.json)")
 
 
-def keep_what_is_not_ours(old: Path, staged: Path, overwrite: bool, unvouched: set[str] = frozenset()) -> None:
+def keep_what_is_not_ours(old: Path, staged: Path, overwrite: bool, unvouched: set[str] = frozenset(),
+                          known: dict[str, str] | None = None) -> None:
     """List the new export's files in `staged` (all but `unvouched`), then link in every entry of the export at
     `old` that was never its own, so the folder swap keeps them. Hard links, not moves: until the swap, `old`
     stays whole. The old export's own files that the new one does not write (ONNX files of other weights) are left
     behind with it. A file the new export also writes is replaced: if no record shows it is the old export's own,
-    only with `overwrite`, and named in the log first."""
-    new_files = {p.name: sha256_file(p) for p in sorted(staged.iterdir()) if p.is_file() and p.name not in unvouched}
+    only with `overwrite`, and named in the log first. `known`: SHA-256 of staged files copied from a source that
+    lists them."""
+    known = known or {}
+    new_files = {p.name: known.get(p.name) or sha256_file(p) for p in sorted(staged.iterdir())
+                 if p.is_file() and p.name not in unvouched}
     (staged / EXPORT_LISTING).write_text(json.dumps(new_files, indent=1, sort_keys=True) + "\n")
     if not old.is_dir():
         return

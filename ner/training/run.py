@@ -336,13 +336,13 @@ def finish(cfg: TrainConfig, backend: Backend, model: torch.nn.Module, data: Pre
     predictions_written = threading.Event()
     plots = start_plots(cfg.output_path, predictions_written) if backend.is_main_process else None
     try:
-        metrics, source = score_final_model(cfg, backend, model, data, state, hooks)
+        metrics, source, sealed_here = score_final_model(cfg, backend, model, data, state, hooks)
     finally:
         predictions_written.set()  # on an error too: the thread draws what the files allow, and ends
     if backend.is_main_process:
         # update: on resume final/ holds the export of the run's earlier end, which the new one replaces
         # (claim_output_dir refused anything else there that the new export would replace)
-        export_checkpoint(source, cfg.output_path / "final", metrics, update=True)
+        export_checkpoint(source, cfg.output_path / "final", metrics, update=True, sealed_here=sealed_here)
         log.info("exported %s", cfg.output_path / "final")
         plots.result()  # the plots belong to the run's output: wait for them, and raise what drawing raised
         print(json.dumps({k: (v["f1"] if isinstance(v, dict) else v) for k, v in metrics.items()
@@ -353,9 +353,9 @@ def finish(cfg: TrainConfig, backend: Backend, model: torch.nn.Module, data: Pre
 
 
 def score_final_model(cfg: TrainConfig, backend: Backend, model: torch.nn.Module, data: Prepared,
-                      state: TrainState, hooks: RunHooks) -> tuple[dict, Path]:
+                      state: TrainState, hooks: RunHooks) -> tuple[dict, Path, bool]:
     """The final checkpoint, the best weights loaded back, the test score and the validation predictions file:
-    (final metrics, the checkpoint to export)."""
+    (final metrics, the checkpoint to export, whether that is the one just saved)."""
     last = hooks.save(state)
     best = ckpt.checkpoint_root(cfg.output_path) / f"step_{state.best_step}"
     source = best if state.best_step is not None and best.is_dir() else last
@@ -377,7 +377,7 @@ def score_final_model(cfg: TrainConfig, backend: Backend, model: torch.nn.Module
         metrics["errors"] = {"validation": entity_errors(gold, validation_predicted), **metrics.get("errors", {})}
     for split, errors in metrics.get("errors", {}).items():
         log.info("%s, by kind of error:\n%s", split, format_errors(errors))
-    return metrics, source
+    return metrics, source, source == last
 
 
 def start_plots(output_dir: Path, predictions_written: threading.Event) -> Future:

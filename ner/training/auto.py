@@ -41,6 +41,12 @@ def auto_attention(device_type: str) -> str:
     return "eager" if device_type == "cpu" else "sdpa"
 
 
+def auto_compile(device_type: str) -> str:
+    """torch.compile where it was measured faster over a whole run, compile time included, F1 no worse: nowhere
+    yet (docs/performance.md, "Compiled steps")."""
+    return "off"
+
+
 def resolve_auto(cfg: TrainConfig, *, hidden_size: int, sentences_per_window: float,
                  updates_per_epoch: Callable[[int], int], device_type: str) -> TrainConfig:
     """A new config with every auto value decided, each choice logged once; `cfg` is left as it was.
@@ -62,6 +68,9 @@ def resolve_auto(cfg: TrainConfig, *, hidden_size: int, sentences_per_window: fl
     if cfg.attn_implementation == "auto":
         chosen["attn_implementation"] = auto_attention(device_type)
         log.info("--attn-implementation auto: %s (on %s)", chosen["attn_implementation"], device_type)
+    if cfg.compile == "auto":
+        chosen["compile"] = auto_compile(device_type)
+        log.info("--compile auto: %s (on %s)", chosen["compile"], device_type)
     return dataclasses.replace(cfg, **chosen)
 
 

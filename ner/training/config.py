@@ -101,6 +101,10 @@ class TrainConfig:
         choices=("auto", "sdpa", "eager"))
     optimizer_impl: str = _opt("fused", "AdamW implementation: fused (one kernel), foreach (multi-tensor) or for-loop",
                                choices=("foreach", "fused", "for-loop"))
+    compile: str = _opt(
+        "auto", "torch.compile the model (inductor; shapes become dynamic after the second padded width, so a run "
+        "compiles a few graphs, not one per width); auto: off, the faster choice wherever it was measured "
+        "(docs/performance.md, \"Compiled steps\"); not with --data-parallel", choices=("auto", "on", "off"))
     tokenization_cache: str = _opt(
         "auto", "folder for cached tokenised data; auto: $NER_CACHE_DIR, else $XDG_CACHE_HOME/ner, "
         "else ~/.cache/ner (a features/ folder inside); none: off")
@@ -188,6 +192,9 @@ class TrainConfig:
         if self.early_stopping_patience and self.no_eval:
             raise UserError("--early-stopping-patience needs validation F1; drop --no-eval")
         report_trackers(self.report_to)
+        if self.compile == "on" and self.backend == "data_parallel":
+            raise UserError("--compile on does not work with --data-parallel (its replicas would call the compiled "
+                            "original); use --compile off, or DDP (accelerate launch, --raw-ddp)")
         if self.dist_timeout <= 0:
             raise UserError(f"--dist-timeout must be positive seconds (got {self.dist_timeout})")
         return self

@@ -106,6 +106,20 @@ def build_model(name: str, label_list: list[str], trust_remote_code: bool = Fals
     return model
 
 
+COMPILE_BACKEND = "inductor"  # torch.compile's backend (tests count the graphs with one of their own)
+
+
+def compile_model(model: torch.nn.Module, max_widths: int) -> None:
+    """Compile the model in place (nn.Module.compile: the state_dict keeps its keys, no `_orig_mod.`).
+    dynamic=None: the first padded width compiles a static graph, a second one a graph with dynamic sizes
+    that serves every later width; `max_widths` lifts dynamo's recompile limit so that no graph ever falls
+    back to eager without saying so (a test bounds the graphs by the widths)."""
+    import torch._dynamo
+
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, max_widths)
+    model.compile(backend=COMPILE_BACKEND, dynamic=None)
+
+
 def has_token_classification_head(config) -> bool:
     """A fine-tuned token-classification checkpoint (one of our exports, or a public NER model)."""
     return any(arch.endswith("ForTokenClassification") for arch in getattr(config, "architectures", None) or [])

@@ -42,6 +42,7 @@ from ner.training.model import (
     build_model,
     build_optimizer,
     build_scheduler,
+    compile_model,
     encoder_hidden_size,
     encoder_tokenizer,
     lowercases,
@@ -284,6 +285,8 @@ def run(cfg: TrainConfig, backend: Backend) -> dict:
     model = build_model(cfg.model, data.label_list, cfg.trust_remote_code, cfg.attn_implementation,
                         casing_types=cfg.casing == "types")
     model.to(backend.device)
+    if cfg.compile == "on":
+        compile_model(model, max_widths=cfg.max_seq_length // cfg.pad_to_multiple_of + 1)
     optimizer = build_optimizer(model, cfg.learning_rate, cfg.weight_decay, cfg.optimizer_impl)
     # A private generator: creating a DataLoader iterator draws a seed from it, and drawing from
     # the global RNG instead would shift dropout masks after a mid-epoch resume.

@@ -102,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     from ner.inference.tagger import Tagger
 
     texts, _, words = sentence_texts(args.conll, args.limit)
-    print("| precision | passes | plan (rows x tokens) | corpus words/s | 1 text (ms, median) | 16 texts (ms, median) | "
+    print("| precision | passes | plan (rows x tokens) | corpus words/s | 1 text (ms, median) | "
+          "16 texts (ms, median) | "
           f"texts differing alone vs in corpus (of {args.sample}): output / entities |\n"
           "|---|---|---|---:|---:|---:|---:|")
     rows = []

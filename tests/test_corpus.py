@@ -299,8 +299,6 @@ def test_auto_chunks_come_from_the_corpus_size_alone_and_balance_two_processes()
 
 
 def test_the_manifest_records_model_settings_computation_and_input(random_model, corpus, tmp_path):
-    import torch
-
     out = tmp_path / "out"
     assert tag(random_model, out, corpus["first"]) == 0
     manifest = json.loads((out / "manifest.json").read_text())

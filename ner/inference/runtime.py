@@ -12,8 +12,10 @@ On a CPU, torch runs every forward pass on one thread and several passes at once
 (`TorchRuntime.map`). A CPU kernel picks its blocking, and so its summation order, by the threads it has as
 well as by the shape: oneDNN's bf16 GEMMs on AMX gave other logits for one 128-token window on 1 thread than
 on 2. One thread a pass makes a window's numbers a function of its pass's shape alone, so 1 process x 2
-threads and 2 processes x 1 thread write the same bytes, in every precision (docs/performance.md). The ONNX runtimes never import
-torch (nor does the rest of the path they take), so a deployment needs neither torch nor its start-up.
+threads and 2 processes x 1 thread write the same bytes, in every precision (docs/performance.md).
+
+The ONNX runtimes never import torch (nor does the rest of the path they take), so a deployment needs neither
+torch nor its start-up.
 `rows_per_forward`: how many windows one forward may hold (None: as many as the batch plan gives). An int8
 file quantizes each activation row by row (ner/inference/onnx_export.py: rows_own_scales), so it batches like fp32; an
 int8 file written before that scales each activation by its whole tensor's range, so a window's numbers

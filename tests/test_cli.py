@@ -77,6 +77,28 @@ def test_a_run_imports_no_library_that_only_other_steps_need(tiny_bert, tiny_dat
     assert json.loads((tmp_path / "run" / "final" / "metrics.json").read_text())["test"]["support"] > 0
 
 
+def test_the_runs_end_predicts_only_once_the_plot_thread_left_python(tiny_bert, tiny_data, tmp_path, monkeypatch):
+    """The test set is tagged after the metrics plots are drawn: beside a thread busy in Python, inference waits for
+    the GIL between its operations (ner.training.run.BackgroundPlots)."""
+    import ner.training.run as run_module
+
+    made, drawn_when_predicting = [], []
+
+    class Recorded(run_module.BackgroundPlots):
+        def __init__(self, output_dir):
+            super().__init__(output_dir)
+            made.append(self)
+
+    def predict_tags(*args, predict=run_module.predict_tags, **kwargs):
+        drawn_when_predicting.append(all(plots.metrics_drawn.is_set() for plots in made))
+        return predict(*args, **kwargs)
+
+    monkeypatch.setattr(run_module, "BackgroundPlots", Recorded)
+    monkeypatch.setattr(run_module, "predict_tags", predict_tags)
+    assert train_cli.main(tiny_args(tiny_bert, tiny_data, tmp_path / "run", "--num-epochs", "1")) == 0
+    assert len(made) == 1 and drawn_when_predicting == [True]  # the test set; validation's come from its evaluation
+
+
 def test_rotation_keeps_the_newest_two_and_the_best(trained):
     """6 epochs, a checkpoint at each epoch end (where each evaluation is): kept are epochs 5, 6 and the best."""
     state = read_state(list_checkpoints(trained)[-1])

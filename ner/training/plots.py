@@ -249,14 +249,15 @@ def write_evaluation_plots(report: dict, plots_dir: Path, on: str) -> list[Path]
 
 # ----------------------------------------------------------------------------- entry points
 
-def write_plots(output_dir: Path, wait_for_predictions: Callable[[], object] = lambda: None) -> list[Path]:
-    """Every plot the run's files allow; the others are skipped with a note in the log. `wait_for_predictions`
-    returns once predictions/validation.conll is final: training draws the other plots while it is written."""
+def write_plots(output_dir: Path, between: Callable[[], object] = lambda: None) -> list[Path]:
+    """Every plot the run's files allow; the others are skipped with a note in the log. `between` is called once the
+    metrics plots are drawn and returns when predictions/validation.conll is final (a run's end draws the plots in a
+    thread: ner.training.run.BackgroundPlots)."""
     output_dir = Path(output_dir)
     if not output_dir.is_dir():
         raise UserError(f"{output_dir}: not a folder (expected the --output-dir of a training run)")
     written = write_metrics_plots(output_dir)
-    wait_for_predictions()
+    between()
     return written + write_confusion_plot(output_dir)
 
 

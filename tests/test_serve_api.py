@@ -375,14 +375,19 @@ def predict_count(url: str) -> float:
                if name == "ner_requests_total" and ("route", "/predict") in labels)
 
 
+def start_two_workers(model, port: int, tmp_path) -> subprocess.Popen:
+    """`ner.serve MODEL --workers 2` on `port`, its temporary folders under `tmp_path`."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "TMPDIR": str(tmp_path)}
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    return subprocess.Popen([sys.executable, "-m", "ner.serve", str(model), "--port", str(port),
+                             "--mixed-precision", "no", "--workers", "2"], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
 @pytest.mark.slow
 def test_two_workers_share_the_port_and_their_metrics(random_model, tagger, tmp_path):
     port = free_local_port()
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "TMPDIR": str(tmp_path)}
-    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
-    process = subprocess.Popen([sys.executable, "-m", "ner.serve", str(random_model), "--port", str(port),
-                                "--mixed-precision", "no", "--workers", "2"], cwd=ROOT, env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    process = start_two_workers(random_model, port, tmp_path)
     url = f"http://127.0.0.1:{port}"
     try:
         assert wait_until_healthy(url, process, timeout_s=180), process.stdout.read() if process.poll() else ""
@@ -423,11 +428,7 @@ def test_a_worker_killed_while_serving_makes_the_command_exit_non_zero(random_mo
     """A worker dies (SIGKILL, as the OOM killer does); uvicorn starts another and serves on; at SIGTERM the
     command exits 1 and names the dead worker, where a clean stop exits 0 (test_two_workers_share_the_port...)."""
     port = free_local_port()
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "TMPDIR": str(tmp_path)}
-    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
-    process = subprocess.Popen([sys.executable, "-m", "ner.serve", str(random_model), "--port", str(port),
-                                "--mixed-precision", "no", "--workers", "2"], cwd=ROOT, env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    process = start_two_workers(random_model, port, tmp_path)
     url = f"http://127.0.0.1:{port}"
     try:
         assert wait_until_healthy(url, process, timeout_s=180), process.stdout.read() if process.poll() else ""

@@ -10,8 +10,8 @@ Writes, into the folder:
                          (from predictions/validation.conll), with missed and spurious entities
 
 `python -m ner.evaluate MODEL FILE --plots DIR` draws confusion.png for that file, with
-precision_recall.png and reliability.png (docs/evaluation.md). Training writes its plots at the
-end too. A plot without data (no evaluation, no predictions file yet) is skipped with a one-line note.
+precision_recall.png and reliability.png (docs/evaluation.md). `python -m ner.train --plots` draws a run's
+plots at its end. A plot without data (no evaluation, no predictions file yet) is skipped with a one-line note.
 """
 
 from __future__ import annotations

@@ -10,15 +10,17 @@
     python -m ner.train --config scripts/conll2003.yaml --learning-rate 3e-5   # flags override the YAML
 
 Writes OUTPUT_DIR/checkpoints/step_N/ (resumable), OUTPUT_DIR/final/ (a Hugging Face model
-folder) and OUTPUT_DIR/metrics.jsonl.
+folder) and OUTPUT_DIR/metrics.jsonl; with --plots its plots too (`python -m ner.plot OUTPUT_DIR` any time).
 """
 
 from __future__ import annotations
 
+import logging
 import sys
+from pathlib import Path
 
 from ner.backends import Backend, launch
-from ner.errors import cli, exit_now
+from ner.errors import cli, exit_now, process_rank_from_env
 from ner.training.checkpoint import record_tracker_files
 from ner.training.config import parse_config
 from ner.training.run import run
@@ -41,7 +43,17 @@ def main(argv: list[str] | None = None) -> int:
         launch(cfg, Worker(cfg), getattr(args, "local_rank", None))
     finally:  # after the backend ended, since trackers write their last files as they close
         record_tracker_files(cfg.output_path, release=True)
+    if args.plots and process_rank_from_env() == 0:
+        draw_plots(cfg.output_path)
     return 0
+
+
+def draw_plots(output_dir: Path) -> None:
+    """--plots, once the run has ended. On request only: matplotlib's import and the drawing took about 1.2 s of
+    every run's end on 2 cores, beside inference or not (docs/performance.md, "Start-up and tear-down")."""
+    from ner.training.plots import write_plots
+
+    logging.getLogger("ner").info("plots: %s", " ".join(path.name for path in write_plots(output_dir)))
 
 
 if __name__ == "__main__":

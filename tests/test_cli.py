@@ -18,7 +18,8 @@ from ner.training.checkpoint import list_checkpoints
 def trained(tiny_bert, tiny_data, tmp_path_factory):
     out = tmp_path_factory.mktemp("e2e") / "run"
     result = run_cli(python_module("ner.train", *tiny_args(tiny_bert, tiny_data, out, "--num-epochs", "6",
-                                                           "--learning-rate", "3e-3", "--save-total-limit", "2")))
+                                                           "--learning-rate", "3e-3", "--save-total-limit", "2",
+                                                           "--plots")))
     assert result.returncode == 0, result.stderr[-3000:]
     (out / "stdout.txt").write_text(result.stdout, encoding="utf-8")
     return out
@@ -52,51 +53,31 @@ def test_training_ends_on_where_the_model_is_and_how_to_use_it(trained):
     assert f"Model ready: {trained / 'final'} (validation F1 {validation:.2f}, test F1 {test:.2f})" in printed
     commands = [line.split("#")[0].strip() for line in printed if "python -m ner." in line]
     assert [c.split("python -m ")[1].split()[0] for c in commands] == ["ner.predict", "ner.predict", "ner.serve",
-                                                                        "ner.evaluate"]
-    assert all(str(trained / "final") in c for c in commands)
+                                                                        "ner.evaluate", "ner.plot"]
+    assert all(str(trained / "final") in c for c in commands[:-1]) and commands[-1].endswith(str(trained))
 
 
-def test_training_leaves_every_plot(trained):
-    """Drawn in a thread beside the run's end (ner.training.run.start_plots), and waited for before it exits."""
+def test_training_with_plots_leaves_every_plot(trained):
+    """--plots: drawn once the run has ended (without it, none: test_a_run_imports_no_library...)."""
     for name in ("loss_lr.png", "validation_f1.png", "per_type_f1.png", "confusion.png"):
         assert (trained / name).read_bytes().startswith(b"\x89PNG\r\n\x1a\n"), name
 
 
 def test_a_run_imports_no_library_that_only_other_steps_need(tiny_bert, tiny_data, tmp_path):
-    """Train, evaluate, test, export and plot without scikit-learn or pandas (seqeval.metrics pulls them in:
-    ner.metrics counts the scores itself), datasets (--dataset) or onnx (--onnx): each costs seconds of a run. (scipy
-    is not in the list: transformers' modeling_utils imports scipy.optimize wherever scipy is installed.)"""
+    """Train, evaluate, test and export without matplotlib (plots: --plots), scikit-learn or pandas (seqeval.metrics
+    pulls them in: ner.metrics counts the scores itself), datasets (--dataset) or onnx (--onnx): each costs seconds of
+    a run. (scipy is not in the list: transformers' modeling_utils imports scipy.optimize wherever it is installed.)"""
     import sys
 
     code = ("import sys; from ner.train import main; code = main(sys.argv[1:]); print('imported:', *(m for m in "
-            "('sklearn', 'pandas', 'datasets', 'onnx', 'onnxruntime') if m in sys.modules)); sys.exit(code)")
+            "('matplotlib', 'sklearn', 'pandas', 'datasets', 'onnx', 'onnxruntime') if m in sys.modules)); "
+            "sys.exit(code)")
     result = run_cli([sys.executable, "-c", code, *tiny_args(tiny_bert, tiny_data, tmp_path / "run", "--num-epochs",
                                                              "1")])
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.splitlines()[-1] == "imported:"
+    assert not list((tmp_path / "run").glob("*.png"))
     assert json.loads((tmp_path / "run" / "final" / "metrics.json").read_text())["test"]["support"] > 0
-
-
-def test_the_runs_end_predicts_only_once_the_plot_thread_left_python(tiny_bert, tiny_data, tmp_path, monkeypatch):
-    """The test set is tagged after the metrics plots are drawn: beside a thread busy in Python, inference waits for
-    the GIL between its operations (ner.training.run.BackgroundPlots)."""
-    import ner.training.run as run_module
-
-    made, drawn_when_predicting = [], []
-
-    class Recorded(run_module.BackgroundPlots):
-        def __init__(self, output_dir):
-            super().__init__(output_dir)
-            made.append(self)
-
-    def predict_tags(*args, predict=run_module.predict_tags, **kwargs):
-        drawn_when_predicting.append(all(plots.metrics_drawn.is_set() for plots in made))
-        return predict(*args, **kwargs)
-
-    monkeypatch.setattr(run_module, "BackgroundPlots", Recorded)
-    monkeypatch.setattr(run_module, "predict_tags", predict_tags)
-    assert train_cli.main(tiny_args(tiny_bert, tiny_data, tmp_path / "run", "--num-epochs", "1")) == 0
-    assert len(made) == 1 and drawn_when_predicting == [True]  # the test set; validation's come from its evaluation
 
 
 def test_rotation_keeps_the_newest_two_and_the_best(trained):

@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 from seqeval.metrics import classification_report
 
 from ner.data.examples import build_label_list, read_conll, read_predictions, write_predictions
-from ner.errors import UserError
 from ner.evaluate import main as evaluate_main
 from ner.metrics import entity_scores
 from ner.plot import main as plot_main
@@ -66,37 +65,6 @@ def test_write_plots_writes_every_png(tmp_path):
     for name in ALL_PLOTS:
         assert_png(tmp_path / name)
     assert not list(tmp_path.glob(".*tmp*")), "temporary files left behind"
-
-
-def test_a_runs_end_draws_the_plots_in_a_thread_and_the_confusion_once_its_file_is_written(tmp_path):
-    """BackgroundPlots: the metrics plots first (the run waits for them before it predicts), then confusion.png
-    once the predictions are written."""
-    import time
-
-    from ner.training.run import BackgroundPlots
-
-    predictions = write_run(tmp_path) / "predictions" / "validation.conll"
-    held = predictions.read_bytes()
-    predictions.unlink()  # not written yet
-    plots = BackgroundPlots(tmp_path)
-    assert plots.metrics_drawn.wait(timeout=120)
-    for name in ALL_PLOTS[:3]:
-        assert_png(tmp_path / name)
-    time.sleep(0.2)  # a thread that did not wait would have drawn confusion.png by now
-    assert not (tmp_path / "confusion.png").exists() and not plots.future.done()
-    predictions.write_bytes(held)
-    plots.predictions_written.set()
-    assert [p.name for p in plots.future.result(timeout=120)] == list(ALL_PLOTS)
-    assert_png(tmp_path / "confusion.png")
-
-
-def test_an_error_while_drawing_reaches_the_run_and_leaves_nothing_waiting(tmp_path):
-    from ner.training.run import BackgroundPlots
-
-    plots = BackgroundPlots(tmp_path / "gone")
-    with pytest.raises(UserError, match="not a folder"):
-        plots.future.result(timeout=120)
-    assert plots.metrics_drawn.is_set()
 
 
 def test_live_run_with_half_written_line(tmp_path):

@@ -258,6 +258,10 @@ def build_parser() -> argparse.ArgumentParser:
         argument_default=argparse.SUPPRESS)
     parser.add_argument("--config", metavar="FILE.yaml", help="hyperparameters in YAML; flags override it",
                         default=None)
+    parser.add_argument("--plots", action="store_true", default=False,
+                        help="draw loss_lr.png, validation_f1.png, per_type_f1.png and confusion.png into --output-dir "
+                        "once the run has ended (about 1 s on 2 cores; `python -m ner.plot OUTPUT_DIR` draws them for "
+                        "any run, live or finished)")
     for f in dataclasses.fields(TrainConfig):
         if f.metadata.get("recorded"):
             continue

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -249,20 +248,11 @@ def write_evaluation_plots(report: dict, plots_dir: Path, on: str) -> list[Path]
 
 # ----------------------------------------------------------------------------- entry points
 
-def write_plots(output_dir: Path, between: Callable[[], object] = lambda: None) -> list[Path]:
-    """Every plot the run's files allow; the others are skipped with a note in the log. `between` is called once the
-    metrics plots are drawn and returns when predictions/validation.conll is final (a run's end draws the plots in a
-    thread: ner.training.run.BackgroundPlots)."""
+def write_plots(output_dir: Path) -> list[Path]:
+    """Every plot the run's files allow; the others are skipped with a note in the log."""
     output_dir = Path(output_dir)
     if not output_dir.is_dir():
         raise UserError(f"{output_dir}: not a folder (expected the --output-dir of a training run)")
-    written = write_metrics_plots(output_dir)
-    between()
-    return written + write_confusion_plot(output_dir)
-
-
-def write_metrics_plots(output_dir: Path) -> list[Path]:
-    """loss_lr.png, validation_f1.png and per_type_f1.png, from metrics.jsonl."""
     written: list[Path] = []
     metrics_path = output_dir / "metrics.jsonl"
     run = read_metrics(metrics_path) if metrics_path.is_file() else RunMetrics([], [], {})
@@ -276,17 +266,13 @@ def write_metrics_plots(output_dir: Path) -> list[Path]:
         written.append(plot_per_type(best_evaluation(evals, "eval"), output_dir / "per_type_f1.png"))
     else:
         log.info("plot: no validation in %s: validation_f1.png and per_type_f1.png skipped", metrics_path)
-    return written
-
-
-def write_confusion_plot(output_dir: Path) -> list[Path]:
-    """confusion.png, from predictions/validation.conll."""
     predictions = output_dir / "predictions" / "validation.conll"
-    if not predictions.is_file():
+    if predictions.is_file():
+        counts = confusion_counts(*read_predictions(predictions))
+        if len(counts) > 1:
+            written.append(plot_confusion(counts, output_dir / "confusion.png"))
+        else:
+            log.info("plot: no entities in %s: confusion.png skipped", predictions)
+    else:
         log.info("plot: no %s (written at the end of training): confusion.png skipped", predictions)
-        return []
-    counts = confusion_counts(*read_predictions(predictions))
-    if len(counts) > 1:
-        return [plot_confusion(counts, output_dir / "confusion.png")]
-    log.info("plot: no entities in %s: confusion.png skipped", predictions)
-    return []
+    return written

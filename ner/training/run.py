@@ -11,8 +11,6 @@ import os
 import random
 import shlex
 import shutil
-import threading
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -333,21 +331,15 @@ def write_validation_predictions(cfg: TrainConfig, backend: Backend, model: torc
 
 def finish(cfg: TrainConfig, backend: Backend, model: torch.nn.Module, data: Prepared, state: TrainState,
            hooks: RunHooks) -> dict:
-    """Final checkpoint, best weights back in, test score, export to OUTPUT_DIR/final; the plots meanwhile."""
+    """Final checkpoint, best weights back in, test score, export to OUTPUT_DIR/final."""
     if not state.eval_history or state.eval_history[-1]["step"] != state.global_step:
         hooks.evaluate(state, can_stop=False)  # --max-steps can stop between scheduled evaluations
-    plots = BackgroundPlots(cfg.output_path) if backend.is_main_process else None
-    try:
-        metrics, source, sealed_here = score_final_model(cfg, backend, model, data, state, hooks, plots)
-    finally:
-        if plots is not None:
-            plots.predictions_written.set()  # on an error too: the thread draws what the files allow, and ends
+    metrics, source, sealed_here = score_final_model(cfg, backend, model, data, state, hooks)
     if backend.is_main_process:
         # update: on resume final/ holds the export of the run's earlier end, which the new one replaces
         # (claim_output_dir refused anything else there that the new export would replace)
         export_checkpoint(source, cfg.output_path / "final", metrics, update=True, sealed_here=sealed_here)
         log.info("exported %s", cfg.output_path / "final")
-        plots.future.result()  # the plots belong to the run's output: wait for them, and raise what drawing raised
         print(json.dumps({k: (v["f1"] if isinstance(v, dict) else v) for k, v in metrics.items()
                           if k != "errors" and (not isinstance(v, dict) or "f1" in v)}))
         print(next_steps(cfg.output_path / "final", metrics, cfg.test_file), flush=True)
@@ -356,7 +348,7 @@ def finish(cfg: TrainConfig, backend: Backend, model: torch.nn.Module, data: Pre
 
 
 def score_final_model(cfg: TrainConfig, backend: Backend, model: torch.nn.Module, data: Prepared,
-                      state: TrainState, hooks: RunHooks, plots: BackgroundPlots | None) -> tuple[dict, Path, bool]:
+                      state: TrainState, hooks: RunHooks) -> tuple[dict, Path, bool]:
     """The final checkpoint, the best weights loaded back, the test score and the validation predictions file:
     (final metrics, the checkpoint to export, whether that is the one just saved)."""
     last = hooks.save(state)
@@ -365,8 +357,6 @@ def score_final_model(cfg: TrainConfig, backend: Backend, model: torch.nn.Module
     if source != last:
         ckpt.load_weights(backend, source, model)
         log.info("best validation F1 %.2f at step %d: exporting that model", state.best_f1 * 100, state.best_step)
-    if plots is not None:
-        plots.metrics_drawn.wait()  # no inference beside the plot thread (BackgroundPlots says why)
     metrics = {"validation": hooks.best_scores(), "best_step": state.best_step, "global_step": state.global_step,
                "train_loss_last": state.step_losses[-1] if state.step_losses else None,
                "stop_reason": state.stop_reason}
@@ -385,32 +375,6 @@ def score_final_model(cfg: TrainConfig, backend: Backend, model: torch.nn.Module
     return metrics, source, source == last
 
 
-class BackgroundPlots:
-    """The run's plots, drawn in a thread where the run's end leaves a core free: importing matplotlib (about 0.6 s
-    on 2 cores) and the metrics plots beside the final checkpoint (writing and hashing, one thread), the confusion
-    matrix beside the export, once predictions/validation.conll is written. Never beside inference: a thread busy in
-    Python holds the GIL that inference takes back between its operations (the sample's test set took 2.6 s instead
-    of 0.7 s beside it), so the run waits for `metrics_drawn` before it predicts."""
-
-    def __init__(self, output_dir: Path) -> None:
-        self.metrics_drawn, self.predictions_written = threading.Event(), threading.Event()
-        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ner-plots")
-        self.future: Future = pool.submit(self._draw, output_dir)
-        pool.shutdown(wait=False)  # its one thread ends with its one task
-
-    def _draw(self, output_dir: Path) -> list[Path]:
-        from ner.training.plots import write_plots  # matplotlib: only in this thread, off the critical path
-
-        try:
-            return write_plots(output_dir, between=self._between)
-        finally:
-            self.metrics_drawn.set()  # also when drawing failed: the run must not wait for it
-
-    def _between(self) -> None:
-        self.metrics_drawn.set()
-        self.predictions_written.wait()
-
-
 def next_steps(final_dir, metrics: dict, test_file: str | None = None) -> str:
     """What a newcomer reads last: where the model is, how good it is, and the commands that use it."""
     scores = ", ".join(f"{split} F1 {metrics[split]['f1'] * 100:.2f}" for split in ("validation", "test")
@@ -421,6 +385,7 @@ def next_steps(final_dir, metrics: dict, test_file: str | None = None) -> str:
         (f"python -m ner.predict {model} texts.txt", "raw text, one text a line -> JSON lines"),
         (f"python -m ner.serve {model}", "HTTP API and a page at http://127.0.0.1:8000/"),
         (f"python -m ner.evaluate {model} {shlex.quote(test_file or 'test.conll')}", "report, worst sentences"),
+        (f"python -m ner.plot {shlex.quote(str(Path(final_dir).parent))}", "loss, F1 and confusion plots"),
     ]
     width = max(len(command) for command, _ in commands)
     lines = ["", f"Model ready: {final_dir}" + (f" ({scores})" if scores else ""), "Use it:"]

@@ -6,7 +6,6 @@ no other group (tests/test_layout.py): training, inference, serving and corpus t
     spans.py      character spans <-> words with tags: the alignment, and tags back to spans
     span_files.py reading annotation tools' span files (doccano, Prodigy, Label Studio, spaCy) as span records
     text.py       raw text -> words with character offsets
-    tags.py       ner.metrics.get_entities under its old name, for inference/tagger.py until it moves
     tokenizer.py  the one tokenizer loader, for training's encoder and for an export
     encode.py     words -> subword windows with context, the tokenization cache, the way back to words
     batching.py   length-aware training batches and the fixed-shape inference plan

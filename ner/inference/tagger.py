@@ -37,7 +37,6 @@ from ner.data.encode import (
     owned_positions,
 )
 from ner.data.examples import Example, scheme_of_labels
-from ner.data.tags import get_entities
 from ner.data.text import Word, split_words
 from ner.data.tokenizer import load_tokenizer
 from ner.errors import UserError
@@ -54,7 +53,7 @@ from ner.inference.options import (
     parse_min_score,
 )
 from ner.inference.runtime import OnnxRuntime, TorchRuntime, onnx_device_type, onnx_path
-from ner.metrics import entity_scores
+from ner.metrics import entity_scores, get_entities
 
 if TYPE_CHECKING:
     import torch

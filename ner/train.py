@@ -56,5 +56,10 @@ def draw_plots(output_dir: Path) -> None:
     logging.getLogger("ner").info("plots: %s", " ".join(path.name for path in write_plots(output_dir)))
 
 
-if __name__ == "__main__":
+def command() -> None:
+    """The `ner-train` console script: main, then the same fast exit as `python -m ner.train`."""
     exit_now(main())
+
+
+if __name__ == "__main__":
+    command()

@@ -232,6 +232,20 @@ def test_the_command_exits_with_its_code_and_its_last_words(tiny_bert, tiny_data
     assert_clean_failure(result.returncode, result.stderr, tmp_path / "out", "nope.conll: file not found")
 
 
+def test_the_console_script_ends_as_the_module_does(tiny_bert, tiny_data, tmp_path):
+    """`ner-train` (pyproject's [project.scripts]) runs ner.train:command, the same main and fast exit."""
+    import sys
+
+    from conftest import ROOT
+
+    assert 'ner-train = "ner.train:command"' in (ROOT / "pyproject.toml").read_text()
+    data = {**tiny_data, "validation": tmp_path / "nope.conll"}
+    argv = ["ner-train", *tiny_args(tiny_bert, data, tmp_path / "out")]
+    code = f"import sys; sys.argv = {argv!r}; from ner.train import command; command()"
+    result = run_cli([sys.executable, "-c", code])
+    assert_clean_failure(result.returncode, result.stderr, tmp_path / "out", "nope.conll: file not found")
+
+
 def test_exit_now_waits_for_threads_runs_exit_handlers_and_flushes(tmp_path):
     """What a normal exit does before its teardown, exit_now does too."""
     import os

@@ -53,26 +53,26 @@ def workers_environment(workers: int, argv: list[str]) -> Iterator[Path]:
     from ner.serving.label_studio import SESSION_ENV
     from ner.serving.metrics import MULTIPROC_ENV
 
-    made = [tempfile.mkdtemp(prefix="ner-serve-workers-")]
-    if MULTIPROC_ENV not in os.environ:
-        made.append(tempfile.mkdtemp(prefix="ner-serve-metrics-"))
+    marks_dir = tempfile.mkdtemp(prefix="ner-serve-workers-")
+    metrics_dir = None if MULTIPROC_ENV in os.environ else tempfile.mkdtemp(prefix="ner-serve-metrics-")
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    env = {ARGV_ENV: json.dumps(argv), SESSION_ENV: uuid.uuid4().hex, MARKS_ENV: made[0],
+    env = {ARGV_ENV: json.dumps(argv), SESSION_ENV: uuid.uuid4().hex, MARKS_ENV: marks_dir,
            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(max(1, cores // workers)))}
-    if len(made) > 1:
-        env[MULTIPROC_ENV] = made[1]
+    if metrics_dir is not None:
+        env[MULTIPROC_ENV] = metrics_dir
     saved = {name: os.environ.get(name) for name in env}
     os.environ.update(env)  # the workers are spawned: they start from this environment
     try:
-        yield Path(made[0])
+        yield Path(marks_dir)
     finally:
         for name, value in saved.items():
             if value is None:
                 del os.environ[name]
             else:
                 os.environ[name] = value
-        for folder in made:
-            shutil.rmtree(folder, ignore_errors=True)
+        for folder in (marks_dir, metrics_dir):
+            if folder is not None:
+                shutil.rmtree(folder, ignore_errors=True)
 
 
 def mark_worker() -> Callable[[], None]:

@@ -1,6 +1,6 @@
-"""Raw-text tagging speed, memory and F1 per runtime: transformers' pipeline, torch, onnx, onnx-int8.
+"""Raw-text tagging speed, memory and F1 per runtime: transformers' pipeline, torch, onnx, onnx-int8, openvino(-int8).
 
-    python -m ner.export runs/final runs/final_onnx --onnx --quantize int8
+    python -m ner.export runs/final runs/final_onnx --onnx --quantize int8 --calibrate ../shared/data/conll2003/train.txt
     python -m benchmarks.inference runs/final_onnx ../shared/data/conll2003/train.txt   # speed
     python -m benchmarks.inference runs/final_onnx ../shared/data/conll2003/valid.txt   # F1
 
@@ -29,8 +29,9 @@ from benchmarks.measure import inference_flops, int8_matmul_peak, measure_peak_f
 from ner.data.examples import read_conll
 from scripts.raw_text_f1 import detokenize, prf
 
-ROWS = ("pipeline", "torch", "onnx", "onnx-int8")
-PRECISION = {"pipeline": "fp32", "onnx": "fp32", "onnx-int8": "int8"}  # torch: what ner.predict's auto resolves to
+ROWS = ("pipeline", "torch", "onnx", "onnx-int8", "openvino", "openvino-int8")
+# torch and openvino: what ner.predict's auto resolves to (bf16 where the CPU has it)
+PRECISION = {"pipeline": "fp32", "onnx": "fp32", "onnx-int8": "int8", "openvino-int8": "int8"}
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -45,7 +46,7 @@ def sentence_texts(conll: Path, limit: int | None) -> tuple[list[str], set, int]
     return texts, gold, sum(len(e.words) for e in examples)
 
 
-def tag_function(row: str, model_dir: Path):
+def tag_function(row: str, model_dir: Path, max_tokens: int | None = None):
     """texts -> [[(start, end, type)]] for one row of the table."""
     if row == "pipeline":
         from transformers import pipeline
@@ -56,12 +57,13 @@ def tag_function(row: str, model_dir: Path):
     from ner.inference.tagger import Tagger
 
     tagger = Tagger(model_dir, runtime=row)  # what ner.predict does: bf16 autocast where the CPU has it
-    return lambda texts: [[(e["start"], e["end"], e["type"]) for e in r["entities"]] for r in tagger.predict(texts)]
+    return lambda texts: [[(e["start"], e["end"], e["type"]) for e in r["entities"]]
+                          for r in tagger.predict(texts, max_tokens=max_tokens)]
 
 
-def child(row: str, model_dir: Path, conll: Path, limit: int | None, result: Path) -> None:
+def child(row: str, model_dir: Path, conll: Path, limit: int | None, result: Path, max_tokens: int | None) -> None:
     texts, gold, words = sentence_texts(conll, limit)
-    tag_all = tag_function(row, model_dir)
+    tag_all = tag_function(row, model_dir, max_tokens)
     tag_all(texts[:32])
     start = time.perf_counter()
     found = tag_all(texts)
@@ -83,7 +85,8 @@ def print_mfu(model_dir: Path, conll: Path, limit: int | None, seconds: dict[str
     from ner.backends import resolve_precision
 
     threads = torch.get_num_threads()
-    precision = {**PRECISION, "torch": "bf16" if resolve_precision("auto", torch.device("cpu")) == "bf16" else "fp32"}
+    auto = "bf16" if resolve_precision("auto", torch.device("cpu")) == "bf16" else "fp32"
+    precision = {**PRECISION, "torch": auto, "openvino": auto}
     peaks = {f"{k[:-len('_flops_per_s')]}": v for k, v in measure_peak_flops(torch.device("cpu"), threads).items()
              if not k.endswith("_wall_flops_per_s")}
     peaks["int8"] = int8_matmul_peak(threads)
@@ -101,11 +104,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("conll", type=Path, help="CoNLL file with gold tags (validation)")
     parser.add_argument("--limit", type=int, default=None, help="first N sentences only")
     parser.add_argument("--rows", nargs="+", choices=ROWS, default=list(ROWS))
+    parser.add_argument("--max-tokens", type=int, default=None, help="padded tokens per forward (default: the device's)")
     parser.add_argument("--child", choices=ROWS, help=argparse.SUPPRESS)
     parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        child(args.child, args.model_dir, args.conll, args.limit, args.result)
+        child(args.child, args.model_dir, args.conll, args.limit, args.result, args.max_tokens)
         return 0
     print("| runtime | sentences/s (tagging) | sentences/s (whole process) | words/s (tagging) | peak RSS (MiB) | "
           "entity F1 (char spans) |\n|---|---:|---:|---:|---:|---:|")
@@ -116,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
             command = [sys.executable, "-m", "benchmarks.inference", str(args.model_dir.resolve()),
                        str(args.conll.resolve()), "--child", row, "--result", str(out)]
             command += ["--limit", str(args.limit)] if args.limit else []
+            command += ["--max-tokens", str(args.max_tokens)] if args.max_tokens else []
             measured = run_measured(command, Path(folder) / f"{row}.log", cwd=ROOT)
             r = json.loads(out.read_text())
             rates[row] = r["seconds"]

@@ -2,6 +2,7 @@
 
     python -m ner.export runs/ner/checkpoints/step_120 exported/
     python -m ner.export runs/ner/final exported_onnx/ --onnx --quantize int8   # + model.onnx, model.int8.onnx
+    python -m ner.export runs/ner/final exported_onnx/ --onnx --quantize int8 --calibrate train.conll  # + model.int8.xml
     python -m ner.export runs/ner/checkpoints/step_240 exported/ --overwrite     # replace an earlier export
     python -c "from transformers import pipeline; print(pipeline('token-classification', \
         model='exported', aggregation_strategy='simple')('Ada Lovelace visited London'))"
@@ -40,12 +41,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quantize", choices=("int8",), help="with --onnx: also model.int8.onnx (int8 weights, "
                         "activations quantized per token; its tags checked to agree with PyTorch on >= 98%% of "
                         "words and 95%% of entity words), for --runtime onnx-int8")
+    parser.add_argument("--calibrate", type=Path, metavar="FILE", help="with --quantize int8: also model.int8.xml "
+                        "(+ .bin), OpenVINO's static int8 for --runtime openvino-int8, its activation scales measured "
+                        "once on this file's text (the training file; any format ner.train reads) and its tags "
+                        "checked as model.int8.onnx's are")
     parser.add_argument("--overwrite", action="store_true", help="replace OUT when it is a model folder this tool "
                         "exported (a folder of anything else is refused, never replaced)")
     args = parser.parse_args(argv)
     if args.quantize and not args.onnx:
         raise UserError("--quantize int8 quantizes the ONNX model: pass --onnx too")
-    print(export_any(args.source, args.out_dir, args.onnx, args.quantize, args.overwrite))
+    if args.calibrate and not args.quantize:
+        raise UserError("--calibrate FILE calibrates the static int8 model: pass --onnx --quantize int8 too")
+    print(export_any(args.source, args.out_dir, args.onnx, args.quantize, args.overwrite, args.calibrate))
     return 0
 
 

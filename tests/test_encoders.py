@@ -128,6 +128,34 @@ def test_int8_rewrite_gives_each_row_its_own_scales(trained, tmp_path):
         assert alone.tobytes() == batched[row:row + 1].tobytes(), (name, row)
 
 
+def test_openvino_runs_every_family_and_a_row_keeps_its_bytes_among_other_rows(trained, tiny_data, tmp_path):
+    """OpenVINO reads every family's graph (fp32 and bf16) and its static int8 model (calibrated straight, the
+    gate skipped as above); in each, a row's logits are the same bytes alone and batched at the same shape."""
+    pytest.importorskip("nncf")
+    import numpy as np
+
+    from ner.export import main as export_main
+    from ner.inference.openvino_export import quantize_static
+    from ner.inference.openvino_runtime import OpenVinoRuntime
+
+    name, _, out = trained
+    folder = tmp_path / "onnx"
+    assert export_main([str(out / "final"), str(folder), "--onnx"]) == 0, name
+    static = quantize_static(folder, tiny_data["train"])
+    rng = np.random.default_rng(0)
+    ids = rng.integers(5, 60, size=(4, 12)).astype(np.int64)
+    mask = np.ones_like(ids)
+    mask[1, 9:] = 0
+    types = np.zeros_like(ids)
+    for path, precision in ((folder / "model.onnx", "no"), (folder / "model.onnx", "bf16"), (static, "no")):
+        runtime = OpenVinoRuntime(path, 5, precision)
+        batched = runtime(ids, mask, types)
+        for row in range(4):
+            neighbours = np.roll(np.arange(4), -row)  # the row first, then the others: another batch, same shape
+            moved = runtime(ids[neighbours], mask[neighbours], types[neighbours])
+            assert moved[0].tobytes() == batched[row].tobytes(), (name, path.name, precision, row)
+
+
 def test_serves_tags_a_corpus_and_answers_label_studio(trained, tmp_path):
     pytest.importorskip("fastapi")
     from fastapi.testclient import TestClient

@@ -23,28 +23,7 @@ from ner.inference import runtime as runtimes  # noqa: E402
 from ner.inference.tagger import Tagger  # noqa: E402
 from ner.predict import main as predict_main  # noqa: E402
 from ner.serve import build_parser as serve_parser  # noqa: E402
-from tests.conftest import ROOT, python_module, run_cli  # noqa: E402
-
-
-def fit_briefly(model_dir, train_file, steps: int = 60) -> None:
-    """A few updates on the tiny data: a random head puts many tokens on a tie, where int8 noise flips the
-    argmax far more often than on any trained model (98.7% agreement measured untrained)."""
-    from transformers import AutoModelForTokenClassification, AutoTokenizer
-
-    model = AutoModelForTokenClassification.from_pretrained(model_dir)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    examples = read_conll(train_file)
-    batch = tokenizer([e.words for e in examples], is_split_into_words=True, padding=True, return_tensors="pt")
-    labels = torch.tensor([[model.config.label2id[e.tags[w]] if w is not None else -100 for w in batch.word_ids(i)]
-                           for i, e in enumerate(examples)])
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    torch.manual_seed(0)
-    model.train()
-    for _ in range(steps):
-        optimizer.zero_grad()
-        model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=labels).loss.backward()
-        optimizer.step()
-    model.eval().save_pretrained(model_dir)
+from tests.conftest import ROOT, fit_briefly, python_module, run_cli  # noqa: E402
 
 
 @pytest.fixture(scope="module")

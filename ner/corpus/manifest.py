@@ -27,12 +27,12 @@ def file_identity(path: Path) -> dict:
 
 def model_identity(model_dir: Path, runtime: str) -> dict:
     """The files that decide the model's answers: weights, config, tokenizer, training_args.json. The model
-    card (README.md) and ONNX files another runtime reads are left out."""
-    from ner.inference.runtime import ONNX_FILES
+    card (README.md) and the files only other runtimes read are left out."""
+    from ner.inference.options import RUNTIME_FILES
 
     if not (model_dir / "config.json").is_file():
         raise UserError(f"{model_dir}: not a model folder (no config.json); pass OUTPUT_DIR/final")
-    unused = {name for key, name in ONNX_FILES.items() if key != runtime}
+    unused = {name for names in RUNTIME_FILES.values() for name in names} - set(RUNTIME_FILES[runtime])
     files = sorted(p for p in model_dir.iterdir() if p.is_file() and not p.name.startswith(".")
                    and p.name != "README.md" and p.name not in unused)
     return {"path": str(model_dir.resolve()), "sha256": {p.name: sha256_file(p) for p in files}}

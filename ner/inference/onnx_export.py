@@ -57,9 +57,10 @@ CHECK_SENTENCES = [
 CHECK_SHAPES = ((4, 0, 3), (9,))  # rows of CHECK_SENTENCES; each batch padded 3 tokens wider than its longest
 
 
-def write_onnx(model_dir: Path, quantize: str | None = None) -> dict[str, float]:
-    """model.onnx (and model.int8.onnx) in `model_dir`, each kept only if it passes its check; the measured
-    max |logit difference| (fp32) and argmax agreement on words and entity words (int8) with PyTorch."""
+def write_onnx(model_dir: Path, quantize: str | None = None, calibrate: Path | None = None) -> dict[str, float]:
+    """model.onnx (and model.int8.onnx; with `calibrate`, OpenVINO's static int8 too) in `model_dir`, each kept only
+    if it passes its check; the measured max |logit difference| (fp32) and argmax agreement on words and entity
+    words (int8) with PyTorch."""
     import transformers
     from transformers import AutoModelForTokenClassification, AutoTokenizer
 
@@ -79,9 +80,32 @@ def write_onnx(model_dir: Path, quantize: str | None = None) -> dict[str, float]
         if quantize == "int8":
             with staged_file(model_dir / ONNX_FILES["onnx-int8"]) as int8:
                 quantize_int8(fp32, int8)
-                outside = [i for i, label in model.config.id2label.items() if label == "O"]
-                measured |= check_int8(int8, batches, references, outside[0] if outside else -1)
+                measured |= check_int8(lambda batch, path=int8: run_session(path, batch), batches, references,
+                                       outside_id(model.config.id2label))
+    if quantize == "int8" and calibrate is not None:
+        measured |= write_static_int8(model_dir, calibrate, batches, references, outside_id(model.config.id2label))
     return measured
+
+
+def outside_id(id2label: dict[int, str]) -> int:
+    return next((i for i, label in id2label.items() if label == "O"), -1)
+
+
+def write_static_int8(model_dir: Path, calibrate: Path, batches: list[dict[str, np.ndarray]],
+                      references: list[np.ndarray], outside: int) -> dict[str, float]:
+    """OpenVINO's static int8 files from the model.onnx just kept, gated as model.int8.onnx is; the measured
+    agreement, its keys prefixed "static_"."""
+    from ner.inference.openvino_export import quantize_static, remove_static
+    from ner.inference.openvino_runtime import OpenVinoRuntime
+
+    try:
+        runtime = OpenVinoRuntime(quantize_static(model_dir, calibrate), references[0].shape[-1])
+        measured = check_int8(lambda batch: runtime(**model_inputs(batch)), batches, references, outside,
+                              "static int8 OpenVINO model", "export without --calibrate")
+    except BaseException:
+        remove_static(model_dir)
+        raise
+    return {f"static_{key}": value for key, value in measured.items()}
 
 
 def check_batches(tokenizer, casing_scheme: str | None) -> list[dict[str, np.ndarray]]:
@@ -287,10 +311,11 @@ def int8_agreement(ours: np.ndarray, theirs: np.ndarray, outside_id: int) -> tup
     return float((ours == theirs).mean()), entity_agreement, int(entity.sum())
 
 
-def check_int8(path: Path, batches: list[dict[str, np.ndarray]], references: list[np.ndarray],
-               outside_id: int) -> dict[str, float]:
-    """Word and entity-word agreement over every batch; under its bound: the file goes."""
-    ours = np.concatenate([word_tags(run_session(path, b), b["first_subwords"]) for b in batches])
+def check_int8(run, batches: list[dict[str, np.ndarray]], references: list[np.ndarray], outside_id: int,
+               what: str = "int8 ONNX model", fix: str = "export without --quantize") -> dict[str, float]:
+    """Word and entity-word agreement over every batch, whose logits `run(batch)` gives; under its bound: the file
+    goes, and the error names `what` failed and the `fix`."""
+    ours = np.concatenate([word_tags(run(b), b["first_subwords"]) for b in batches])
     theirs = np.concatenate([word_tags(r, b["first_subwords"]) for r, b in zip(references, batches)])
     words, entities, entity_words = int8_agreement(ours, theirs, outside_id)
     measured = {"int8_word_agreement": words}
@@ -300,7 +325,6 @@ def check_int8(path: Path, batches: list[dict[str, np.ndarray]], references: lis
         failed |= entity_words >= MIN_ENTITY_WORDS and entities < MIN_INT8_ENTITY_AGREEMENT
     if failed:
         on_entities = f", {entities:.1%} of {entity_words} entity words" if entities is not None else ""
-        raise UserError(f"int8 ONNX model agrees with PyTorch on {words:.1%} of words{on_entities} (needs "
-                        f"{MIN_INT8_WORD_AGREEMENT:.0%} and {MIN_INT8_ENTITY_AGREEMENT:.0%}); nothing written; "
-                        "export without --quantize")
+        raise UserError(f"{what} agrees with PyTorch on {words:.1%} of words{on_entities} (needs "
+                        f"{MIN_INT8_WORD_AGREEMENT:.0%} and {MIN_INT8_ENTITY_AGREEMENT:.0%}); nothing written; {fix}")
     return measured

@@ -43,7 +43,11 @@ def inference_batch_limits(batch_size: int, max_tokens: int) -> tuple[int, int]:
     return batch_size * 2, min(max_tokens * 2, INFERENCE_TOKENS_PER_FORWARD) if max_tokens > 0 else 0
 
 
-RUNTIMES = ("torch", "onnx", "onnx-int8")  # what computes the logits at inference (ner/inference/runtime.py)
+# What computes the logits at inference (inference/runtime.py, inference/openvino_runtime.py), and the files of the
+# model folder that only it reads (the weights, config and tokenizer count for every runtime)
+RUNTIME_FILES = {"torch": (), "onnx": ("model.onnx",), "onnx-int8": ("model.int8.onnx",),
+                 "openvino": ("model.onnx",), "openvino-int8": ("model.int8.xml", "model.int8.bin")}
+RUNTIMES = tuple(RUNTIME_FILES)
 
 
 MIN_SEQ_LENGTH = 8  # [CLS], [SEP] and a few words
@@ -77,7 +81,9 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--runtime", choices=RUNTIMES, default="torch",
                         help="torch (default); onnx / onnx-int8: onnxruntime (CUDA where it has the provider and "
                              "the device is a GPU, else the CPU) over model.onnx / model.int8.onnx, written by "
-                             "python -m ner.export MODEL_DIR OUT --onnx --quantize int8")
+                             "python -m ner.export MODEL_DIR OUT --onnx --quantize int8; openvino: OpenVINO on the CPU "
+                             "over model.onnx (bf16 as --mixed-precision decides); openvino-int8: model.int8.xml, "
+                             "static int8 written by the same export with --calibrate TRAIN_FILE")
 
 
 def parse_min_score(spec: str | list[str] | None) -> dict[str, float]:

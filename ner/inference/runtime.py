@@ -38,12 +38,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ner.errors import UserError
+from ner.inference.options import RUNTIME_FILES
 
 if TYPE_CHECKING:
     import torch
 
 log = logging.getLogger(__name__)
-ONNX_FILES = {"onnx": "model.onnx", "onnx-int8": "model.int8.onnx"}
+ONNX_FILES = {runtime: RUNTIME_FILES[runtime][0] for runtime in ("onnx", "onnx-int8")}
 EXPORT_COMMAND = "python -m ner.export MODEL_DIR OUT --onnx --quantize int8"
 
 
@@ -52,6 +53,25 @@ Batch = dict[str, np.ndarray]  # one collated batch (data/encode.collate)
 
 def forward(runtime, batch: Batch) -> np.ndarray:
     return runtime(batch["input_ids"], batch["attention_mask"], batch.get("token_type_ids"))
+
+
+def passes_at_once(pool, workers: int, runtime, batches: Iterable[Batch]) -> Iterator[tuple[Batch, np.ndarray]]:
+    """(batch, logits) of each batch, in input order, with up to `workers` passes running on `pool`
+    at once; at most that many run ahead of the caller, so a caller that stops reading (a server's drain) stops
+    the passes at the next boundary."""
+    running: deque = deque()  # (batch, its pass) in input order
+    try:
+        for batch in batches:
+            running.append((batch, pool.submit(forward, runtime, batch)))
+            if len(running) >= workers:
+                batch_done, logits = running.popleft()
+                yield batch_done, logits.result()
+        while running:
+            batch_done, logits = running.popleft()
+            yield batch_done, logits.result()
+    finally:
+        for _, logits in running:
+            logits.cancel()
 
 
 def in_order(runtime, batches: Iterable[Batch]) -> Iterator[tuple[Batch, np.ndarray]]:
@@ -75,25 +95,12 @@ class TorchRuntime:
 
     def map(self, batches: Iterable[Batch]) -> Iterator[tuple[Batch, np.ndarray]]:
         """(batch, logits) of each batch, in order. On a CPU, one pass per thread torch may use runs at once,
-        each on one thread; at most that many run ahead of the caller, so a caller that stops reading (a
-        server's drain) stops the passes at the next boundary."""
+        each on one thread (passes_at_once)."""
         if self.threads_per_forward is None:
             yield from in_order(self, batches)
             return
         pool, workers = self._workers()
-        running: deque = deque()  # (batch, its pass) in input order
-        try:
-            for batch in batches:
-                running.append((batch, pool.submit(forward, self, batch)))
-                if len(running) >= workers:
-                    batch_done, logits = running.popleft()
-                    yield batch_done, logits.result()
-            while running:
-                batch_done, logits = running.popleft()
-                yield batch_done, logits.result()
-        finally:
-            for _, logits in running:
-                logits.cancel()
+        yield from passes_at_once(pool, workers, self, batches)
 
     def _workers(self) -> tuple[ThreadPoolExecutor, int]:
         """The pool of one-thread passes, as many as the process's torch threads (process_threads)."""

@@ -3,7 +3,8 @@
 Training's evaluation (`predict_tags` / `evaluate`, sharded over ranks), `ner.predict`,
 `ner.evaluate` and the benchmarks (`Tagger`, one process) all run `predict_word_scores`, then
 the same merge (each word from the window that owns it) and decoding (ner/inference/decode.py). What computes
-the logits is a runtime (ner/inference/runtime.py): the PyTorch model, or `Tagger(..., runtime="onnx"|"onnx-int8")`.
+the logits is a runtime (ner/inference/runtime.py): the PyTorch model, or `Tagger(..., runtime="onnx"|"onnx-int8")`,
+or OpenVINO (`"openvino"|"openvino-int8"`, ner/inference/openvino_runtime.py).
 
     from ner.inference.tagger import Tagger
     tags, probabilities = Tagger("runs/ner/final").tag(examples)
@@ -52,6 +53,7 @@ from ner.inference.options import (
     inference_budget,
     parse_min_score,
 )
+from ner.inference.openvino_runtime import OpenVinoRuntime, openvino_path
 from ner.inference.runtime import OnnxRuntime, TorchRuntime, onnx_device_type, onnx_path
 from ner.metrics import entity_scores, get_entities
 
@@ -63,7 +65,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("ner")
 
 Progress = Callable  # tqdm-like: progress(iterable, desc=..., leave=...) -> iterable
-Runtime = TorchRuntime | OnnxRuntime  # runtime(input_ids, attention_mask, token_type_ids) -> logits (runtime.py)
+Runtime = TorchRuntime | OnnxRuntime | OpenVinoRuntime  # runtime(input_ids, attention_mask, token_type_ids) -> logits (runtime.py)
 
 
 def no_progress(iterable, **_):
@@ -246,6 +248,11 @@ class Tagger:
 
     def _load_runtime(self, model_dir: Path, num_labels: int, device: str | None, precision: str) -> Runtime:
         """Sets `device` and `precision` too: for ONNX, the device type as a string and "no" (no autocast)."""
+        if self.runtime_name.startswith("openvino"):  # the CPU, and no torch either
+            self.device = "cpu"
+            runtime = OpenVinoRuntime(openvino_path(model_dir, self.runtime_name), num_labels, precision)
+            self.precision = runtime.precision
+            return runtime
         if self.runtime_name != "torch":  # the ONNX file alone: the PyTorch weights (and torch) are never loaded
             self.device, self.precision = onnx_device_type(device), "no"
             return OnnxRuntime(onnx_path(model_dir, self.runtime_name), num_labels, self.device)
@@ -277,17 +284,20 @@ class Tagger:
             return self.settings.context == "document" and any(e.document is not None for e in examples)
         return self.context == "document"
 
+    def encode(self, examples: list[Example]) -> list[Feature]:
+        """The windows the model sees for `examples`, cut and encoded as it was trained (gold tags unused)."""
+        placeholder = {label: 0 for label in {t for e in examples for t in e.tags}}
+        return encode_examples(examples, self.tokenizer, placeholder, self.max_seq_length,
+                               self.settings.window_stride_words, context=self.uses_context(examples),
+                               context_tokens=self.settings.context_tokens, casing=self.settings.casing == "types",
+                               casing_scheme=self.settings.casing_scheme)
+
     def tag(self, examples: list[Example], max_sentences: int | None = None, max_tokens: int | None = None,
             progress: Progress = no_progress) -> tuple[list[list[str]], list[np.ndarray]]:
         """(tags, per-word probabilities of those tags) for each example, batched by length; batch limits not
         given: the default of the device the runtime runs on (options.inference_budget)."""
         max_sentences, max_tokens = inference_budget(self.runtime.device_type, max_sentences, max_tokens)
-        placeholder = {label: 0 for label in {t for e in examples for t in e.tags}}  # gold tags are not needed
-        features = encode_examples(examples, self.tokenizer, placeholder, self.max_seq_length,
-                                   self.settings.window_stride_words, context=self.uses_context(examples),
-                                   context_tokens=self.settings.context_tokens,
-                                   casing=self.settings.casing == "types",
-                                   casing_scheme=self.settings.casing_scheme)
+        features = self.encode(examples)
         rows = min(max_sentences, self.runtime.rows_per_forward or max_sentences)  # an old int8 file: one a forward
         features, batches = fixed_shape_plan(features, self.pad_to_multiple_of, rows, max_tokens)
         word_ids, scores = predict_word_scores(self.runtime, features, batches, self.tokenizer.pad_token_id,

@@ -15,6 +15,7 @@ from ner.data.examples import entity_types
 from ner.errors import UserError
 from ner.files import sha256_file, staged_folder
 from ner.inference.analysis import format_errors_markdown
+from ner.inference.options import RUNTIME_FILES
 from ner.metrics import best_evaluation, format_table
 from ner.training.checkpoint import MANIFEST, read_state, verify
 from ner.training.model import PACKAGED_MODELS, packaged_copy_of
@@ -33,7 +34,7 @@ UNLISTED_EXPORT_NAMES = frozenset({
 
 def export_checkpoint(checkpoint: Path, out_dir: Path, metrics: dict | None = None, onnx: bool = False,
                       quantize: str | None = None, overwrite: bool = False, update: bool = False,
-                      sealed_here: bool = False) -> Path:
+                      sealed_here: bool = False, calibrate: Path | None = None) -> Path:
     """Copy the checkpoint's model folder and describe it; `metrics` defaults to its evals. `overwrite` (the user's
     --overwrite): OUT may be an export, replaced whole but for what was never its own. `update` (OUTPUT_DIR/final at
     the end of a run): the same, but a file no record shows the export wrote is refused instead of replaced.
@@ -43,7 +44,7 @@ def export_checkpoint(checkpoint: Path, out_dir: Path, metrics: dict | None = No
     if problem is not None:
         raise UserError(f"{checkpoint}: not a complete checkpoint: {problem}")
     out_dir = Path(out_dir)
-    names = checkpoint_export_names(checkpoint) | onnx_names(onnx, quantize)
+    names = checkpoint_export_names(checkpoint) | onnx_names(onnx, quantize, calibrate)
     check_out_dir(out_dir, overwrite, update, names)
     state = read_state(checkpoint)
     if metrics is None:
@@ -57,7 +58,7 @@ def export_checkpoint(checkpoint: Path, out_dir: Path, metrics: dict | None = No
         (tmp / "training_args.json").write_text(json.dumps(training_args, indent=2, sort_keys=True) + "\n")
         (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
         (tmp / "README.md").write_text(model_card(training_args, metrics), encoding="utf-8")
-        add_onnx(tmp, onnx, quantize)
+        add_onnx(tmp, onnx, quantize, calibrate)
         check_out_dir(out_dir, overwrite, update)  # again: the ONNX check takes a while
         keep_what_is_not_ours(out_dir, tmp, overwrite, known=copied_hashes(checkpoint))
     return out_dir
@@ -72,22 +73,25 @@ def copied_hashes(checkpoint: Path) -> dict[str, str]:
 
 
 def export_folder(model_dir: Path, out_dir: Path, onnx: bool = False, quantize: str | None = None,
-                  overwrite: bool = False) -> Path:
+                  overwrite: bool = False, calibrate: Path | None = None) -> Path:
     """The files of an exported model folder copied to `out_dir`, ONNX files added. In place when they are the same
     folder: allowed without `overwrite`, since naming the folder twice asks for it, and its files are copied onto
     themselves; what is not the export's stays."""
     out_dir = Path(out_dir)
     in_place = same_folder(model_dir, out_dir)
     files, unvouched = files_of_export(model_dir)
-    names = onnx_names(onnx, quantize) | (set() if in_place else {p.name for p in files})
+    names = onnx_names(onnx, quantize, calibrate) | (set() if in_place else {p.name for p in files})
     check_out_dir(out_dir, overwrite, in_place, names)
     with staged_folder(out_dir) as tmp:
         for path in files:
             shutil.copy2(path, tmp / path.name)
-        add_onnx(tmp, onnx, quantize)
+        add_onnx(tmp, onnx, quantize, calibrate)
         check_out_dir(out_dir, overwrite, in_place)
         keep_what_is_not_ours(out_dir, tmp, overwrite, unvouched)
     return out_dir
+
+
+RUNTIME_ONLY = {name for names in RUNTIME_FILES.values() for name in names}  # written again by an export that asks
 
 
 def files_of_export(folder: Path) -> tuple[list[Path], set[str]]:
@@ -95,7 +99,7 @@ def files_of_export(folder: Path) -> tuple[list[Path], set[str]]:
     and ONNX ones), and the names among them that no record vouches for (edited since, or unlisted)."""
     listed = read_listing(folder)
     files = [p for p in sorted(folder.iterdir()) if p.is_file() and not p.is_symlink() and not p.name.startswith(".")
-             and not p.name.endswith(".onnx") and (listed is None or p.name in listed)]
+             and p.name not in RUNTIME_ONLY and not p.name.endswith(".onnx") and (listed is None or p.name in listed)]
     return files, {p.name for p, _ in unrecorded(folder, {p.name for p in files})}
 
 
@@ -105,17 +109,21 @@ def checkpoint_export_names(checkpoint: Path | None) -> set[str]:
     return set(DESCRIPTION) | ({p.name for p in model.iterdir() if p.is_file()} if model and model.is_dir() else set())
 
 
-def onnx_names(onnx: bool, quantize: str | None) -> set[str]:
-    return ({"model.onnx"} if onnx else set()) | ({"model.int8.onnx"} if onnx and quantize else set())
+def onnx_names(onnx: bool, quantize: str | None, calibrate: Path | None = None) -> set[str]:
+    """The files add_onnx writes."""
+    runtimes = ["onnx"] * onnx + ["onnx-int8"] * bool(onnx and quantize) + ["openvino-int8"] * bool(onnx and quantize
+                                                                                                  and calibrate)
+    return {name for runtime in runtimes for name in RUNTIME_FILES[runtime]}
 
 
 def export_any(source: Path, out_dir: Path, onnx: bool = False, quantize: str | None = None,
-               overwrite: bool = False) -> Path:
+               overwrite: bool = False, calibrate: Path | None = None) -> Path:
     """A checkpoint (manifest.json) or an exported folder (config.json + training_args.json) to `out_dir`."""
     if (source / "manifest.json").is_file():
-        return export_checkpoint(source, out_dir, onnx=onnx, quantize=quantize, overwrite=overwrite)
+        return export_checkpoint(source, out_dir, onnx=onnx, quantize=quantize, overwrite=overwrite,
+                                 calibrate=calibrate)
     if is_export(source):
-        return export_folder(source, out_dir, onnx, quantize, overwrite)
+        return export_folder(source, out_dir, onnx, quantize, overwrite, calibrate)
     raise UserError(f"{source}: neither a checkpoint (manifest.json) nor an exported model folder "
                     "(config.json + training_args.json)")
 
@@ -235,13 +243,14 @@ def check_out_dir(out_dir: Path, overwrite: bool, update: bool = False, names: s
         raise UserError(refusal(*unsure[0]))
 
 
-def add_onnx(folder: Path, onnx: bool, quantize: str | None) -> None:
-    """ONNX files (checked against PyTorch) into the staged folder."""
+def add_onnx(folder: Path, onnx: bool, quantize: str | None, calibrate: Path | None = None) -> None:
+    """ONNX files (and OpenVINO's static int8, calibrated on `calibrate`), checked against PyTorch, into the staged
+    folder."""
     if not onnx:
         return
     from ner.inference.onnx_export import write_onnx  # torch.onnx loads only when asked for
 
-    measured = write_onnx(folder, quantize)
+    measured = write_onnx(folder, quantize, calibrate)
     print("ONNX check against PyTorch: " + ", ".join(f"{k} {v:.3g}" for k, v in measured.items()), file=sys.stderr)
 
 

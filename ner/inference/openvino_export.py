@@ -1,0 +1,70 @@
+"""Static int8 for OpenVINO: model.int8.xml and model.int8.bin beside model.onnx, calibrated once on the user's text.
+
+    python -m ner.export runs/ner/final exported --onnx --quantize int8 --calibrate train.conll
+
+NNCF's post-training quantization of model.onnx (`model_type=TRANSFORMER`: SmoothQuant moves the activations'
+outliers into the weights; per-channel int8 weights) with activation ranges measured on CALIBRATION_WINDOWS
+windows of the calibration file, cut and encoded as the tagger cuts them. Every activation scale is then a constant
+of the graph: a text's numbers cannot depend on what shares its forward, and no pass computes a scale. The files
+are kept only if their tags pass the gate onnx-int8 passes (onnx_export.check_int8: argmax agreement with PyTorch
+on words and entity words).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+
+from ner.data.encode import collate, model_inputs
+from ner.errors import UserError
+from ner.inference.options import PAD_TO_MULTIPLE_OF, RUNTIME_FILES
+
+log = logging.getLogger("ner")
+CALIBRATION_WINDOWS = 300  # windows whose activation ranges set the scales (NNCF's default subset is 300)
+INSTALL = 'a static int8 export needs openvino and nncf: pip install -e ".[openvino]"'
+
+
+def calibration_batches(model_dir: Path, calibration_file: Path) -> list[dict[str, np.ndarray]]:
+    """Up to CALIBRATION_WINDOWS windows of `calibration_file` (any format ner.train reads), spread evenly over it,
+    each one forward of one row at its own padded width, as `Tagger(model_dir)` would encode them."""
+    from ner.data.formats import read_examples
+    from ner.inference.tagger import Tagger
+
+    tagger = Tagger(model_dir, runtime="onnx")
+    examples = [e for e in read_examples(calibration_file) if e.words]
+    if not examples:
+        raise UserError(f"{calibration_file}: no sentences to calibrate on; pass the training file")
+    features = tagger.encode(examples)
+    step = max(1, len(features) // CALIBRATION_WINDOWS)
+    chosen = features[::step][:CALIBRATION_WINDOWS]
+    return [model_inputs(collate([f], tagger.tokenizer.pad_token_id, PAD_TO_MULTIPLE_OF)) for f in chosen]
+
+
+def quantize_static(model_dir: Path, calibration_file: Path) -> Path:
+    """model.int8.xml (+ .bin) in `model_dir`, from its model.onnx; returns the .xml."""
+    try:
+        import nncf
+        import openvino
+    except ImportError:
+        raise UserError(INSTALL) from None
+    batches = calibration_batches(model_dir, calibration_file)
+    model = openvino.Core().read_model(str(model_dir / RUNTIME_FILES["onnx"][0]))
+    nncf_log = logging.getLogger("nncf")
+    level = nncf_log.level
+    nncf_log.setLevel(logging.ERROR)  # its progress bars and notes are not the user's business
+    try:
+        quantized = nncf.quantize(model, nncf.Dataset(batches), model_type=nncf.ModelType.TRANSFORMER,
+                                  subset_size=len(batches))
+    finally:
+        nncf_log.setLevel(level)
+    xml = model_dir / RUNTIME_FILES["openvino-int8"][0]
+    openvino.save_model(quantized, str(xml))  # and model.int8.bin beside it
+    log.info("static int8 calibrated on %d windows of %s", len(batches), calibration_file)
+    return xml
+
+
+def remove_static(model_dir: Path) -> None:
+    for name in RUNTIME_FILES["openvino-int8"]:
+        (model_dir / name).unlink(missing_ok=True)

@@ -1,0 +1,93 @@
+"""OpenVINO as a runtime: the exported ONNX graph, or its statically quantized int8 model, on the CPU.
+
+    python -m ner.export runs/ner/final exported --onnx --quantize int8 --calibrate train.conll
+    python -m ner.predict exported articles.txt --runtime openvino        # model.onnx, bf16 where the CPU has it
+    python -m ner.predict exported articles.txt --runtime openvino-int8   # model.int8.xml: static int8
+
+OpenVINO fuses the transformer's operators itself (attention, LayerNorm, GELU) and runs bf16 on AVX-512 BF16
+and AMX, int8 on VNNI and AMX. The int8 model's activation scales are constants calibrated at export
+(ner/inference/openvino_export.py), so a text's numbers never depend on what shares its forward.
+
+As with torch on a CPU (ner/inference/runtime.py), every pass runs on one thread and as many passes run at
+once as the process may use threads: one OpenVINO stream of one thread each. A kernel's blocking, and so its
+summation order, then never depends on the thread count, and a window's numbers are a function of its
+pass's shape alone. Like the ONNX runtimes, this path never imports torch.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import numpy as np
+
+from ner.errors import UserError
+from ner.inference.options import RUNTIME_FILES
+from ner.inference.runtime import EXPORT_COMMAND, Batch, default_threads, passes_at_once
+
+log = logging.getLogger(__name__)
+INSTALL = 'OpenVINO runtimes need openvino: pip install -e ".[openvino]"'
+
+
+def openvino_precision(requested: str, capabilities: list[str]) -> str:
+    """bf16 where it was asked for (or auto) and the CPU has bf16 units, as torch's autocast decides; else
+    "no" (fp32)."""
+    return "bf16" if requested in ("auto", "bf16") and "BF16" in capabilities else "no"
+
+
+class OpenVinoRuntime:
+    """A compiled OpenVINO model on the CPU: one stream of one thread per thread the process may use."""
+
+    rows_per_forward: int | None = None
+    device_type = "cpu"  # what runs the passes: picks the default batch budget (options.inference_budget)
+    threads_per_forward = 1  # see the module's docstring
+
+    def __init__(self, path: Path, num_labels: int, precision: str = "auto"):
+        try:
+            import openvino
+        except ImportError:
+            raise UserError(INSTALL) from None
+        core = openvino.Core()
+        self.precision = openvino_precision(precision, core.get_property("CPU", "OPTIMIZATION_CAPABILITIES"))
+        self.streams = default_threads()
+        config = {"INFERENCE_PRECISION_HINT": "bf16" if self.precision == "bf16" else "f32",
+                  "NUM_STREAMS": self.streams, "INFERENCE_NUM_THREADS": self.streams,
+                  "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0}  # no activation scales computed per pass
+        try:
+            self.compiled = core.compile_model(str(path), "CPU", config)
+        except Exception as exc:  # OpenVINO raises RuntimeError subclasses of its own
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise UserError(f"{path}: not a model OpenVINO can read ({reason}); re-export it: {EXPORT_COMMAND}") \
+                from None
+        self.input_names = {port.any_name for port in self.compiled.inputs}
+        self.num_labels = num_labels
+        self._requests = threading.local()  # one infer request per thread that runs passes
+        self._pool = None
+
+    def __call__(self, input_ids: np.ndarray, attention_mask: np.ndarray,
+                 token_type_ids: np.ndarray | None = None) -> np.ndarray:
+        request = getattr(self._requests, "request", None)
+        if request is None:
+            request = self._requests.request = self.compiled.create_infer_request()
+        inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
+        request.infer({k: v for k, v in inputs.items() if k in self.input_names and v is not None})
+        return np.array(request.get_output_tensor(0).data, dtype=np.float32)  # a copy: the request reuses it
+
+    def map(self, batches: Iterable[Batch]) -> Iterator[tuple[Batch, np.ndarray]]:
+        """(batch, logits) of each batch, in order; one pass per stream at once, each on its own thread."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.streams, thread_name_prefix="ner-openvino")
+        return passes_at_once(self._pool, self.streams, self, batches)
+
+
+def openvino_path(model_dir: Path, runtime: str) -> Path:
+    """The file a runtime reads; missing: a one-line error naming the command that writes it."""
+    path = Path(model_dir) / RUNTIME_FILES[runtime][0]
+    if not path.is_file():
+        raise UserError(f"{path}: not found; --runtime {runtime} needs an export: {EXPORT_COMMAND} "
+                        "--calibrate TRAIN_FILE")
+    return path

@@ -1,0 +1,133 @@
+"""OpenVINO runtimes: `openvino` over model.onnx, `openvino-int8` over the static int8 model the export calibrates."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+
+import numpy as np
+import pytest
+
+pytest.importorskip("openvino")
+pytest.importorskip("nncf")
+
+from ner.data.examples import Example, read_conll  # noqa: E402
+from ner.export import main as export_main  # noqa: E402
+from ner.inference import onnx_export  # noqa: E402
+from ner.inference.tagger import Tagger  # noqa: E402
+from tests.conftest import fit_briefly, make_sentences, python_module, torch_threads  # noqa: E402
+from tests.test_onnx import NO_TORCH, SERVE_ONCE, run_without_torch  # noqa: E402
+
+RUNS = [("openvino", "no"), ("openvino", "bf16"), ("openvino-int8", "no"), ("openvino-int8", "bf16")]
+SENTENCES = make_sentences(24, seed=11, long_every=5)  # several widths, and windowed sentences
+EXAMPLES = [Example([w for w, _ in s], ["O"] * len(s), "t") for s in SENTENCES]
+
+
+@pytest.fixture(scope="module")
+def exported(random_model, tiny_data, tmp_path_factory):
+    """The tiny model, briefly fitted (the int8 gates need a model with few ties), exported with both int8 files."""
+    source = tmp_path_factory.mktemp("openvino_src") / "final"
+    shutil.copytree(random_model, source)
+    fit_briefly(source, tiny_data["train"])
+    (source / "training_args.json").write_text(json.dumps({"max_seq_length": 32, "decode": "viterbi"}))
+    out = tmp_path_factory.mktemp("openvino_out") / "exported"
+    assert export_main([str(source), str(out), "--onnx", "--quantize", "int8", "--calibrate",
+                        str(tiny_data["train"])]) == 0
+    return out
+
+
+def test_export_writes_the_static_int8_model_and_lists_it(exported):
+    listing = json.loads((exported / ".ner-export.json").read_text())
+    assert {"model.int8.xml", "model.int8.bin"} <= set(json.dumps(listing).replace('"', " ").split())
+    assert (exported / "model.int8.bin").stat().st_size > 0
+
+
+def test_openvino_fp32_tags_like_torch_and_static_int8_agrees(exported, tiny_data):
+    examples = read_conll(tiny_data["validation"]) + read_conll(tiny_data["test"])
+    torch_tags, torch_probs = Tagger(exported, precision="no").tag(examples)
+    tagger = Tagger(exported, runtime="openvino", precision="no")
+    assert tagger.precision == "no" and tagger.device == "cpu"
+    tags, probs = tagger.tag(examples)
+    assert tags == torch_tags
+    np.testing.assert_allclose(np.concatenate(probs), np.concatenate(torch_probs), atol=1e-4)
+    int8_tags, _ = Tagger(exported, runtime="openvino-int8").tag(examples)
+    pairs = [(a, b) for s, t in zip(torch_tags, int8_tags) for a, b in zip(s, t)]
+    assert sum(a == b for a, b in pairs) / len(pairs) >= onnx_export.MIN_INT8_WORD_AGREEMENT
+
+
+@pytest.mark.parametrize("runtime,precision", RUNS)
+def test_a_text_gets_the_same_bytes_alone_and_among_neighbours(exported, runtime, precision):
+    """Static scales and one fixed shape per width: a window's numbers never depend on what shares its forward."""
+    tagger = Tagger(exported, runtime=runtime, precision=precision)
+    alone = [tagger.tag([example], max_tokens=128) for example in EXAMPLES]
+    for mix in ([3, 0, 17, 9, 22, 5], list(range(len(EXAMPLES)))[::-1]):
+        tags, probs = tagger.tag([EXAMPLES[i] for i in mix], max_tokens=128)
+        for i, t, p in zip(mix, tags, probs):
+            assert t == alone[i][0][0] and p.tobytes() == alone[i][1][0].tobytes(), (runtime, precision, i)
+
+
+@pytest.mark.parametrize("runtime,precision", RUNS)
+def test_each_pass_runs_on_one_thread_and_the_bytes_do_not_depend_on_the_threads(exported, runtime, precision):
+    answers = {}
+    for threads in (1, 2):
+        with torch_threads(threads):
+            tagger = Tagger(exported, runtime=runtime, precision=precision)
+        compiled = tagger.runtime.compiled
+        assert compiled.get_property("NUM_STREAMS") == compiled.get_property("INFERENCE_NUM_THREADS") == threads
+        answers[threads] = tagger.tag(EXAMPLES, max_tokens=512)[1]
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(answers[1], answers[2]))
+
+
+def test_precision_is_bf16_only_where_asked_for_and_the_cpu_has_it():
+    from ner.inference.openvino_runtime import openvino_precision
+
+    assert openvino_precision("auto", ["FP32", "BF16", "INT8"]) == "bf16"
+    assert openvino_precision("bf16", ["FP32", "BF16"]) == "bf16"
+    assert openvino_precision("no", ["FP32", "BF16"]) == "no"
+    assert openvino_precision("auto", ["FP32", "INT8"]) == openvino_precision("bf16", ["FP32"]) == "no"
+
+
+def one_line_error(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err and "Traceback" not in "\n".join(err)
+    return err[-1]
+
+
+def test_a_static_model_that_fails_its_gate_leaves_nothing(exported, tiny_data, tmp_path, monkeypatch, capsys):
+    checked = onnx_export.check_int8
+
+    def strict_for_static(run, batches, references, outside, *what):
+        if what:  # the static model's gate names itself; model.int8.onnx's does not
+            monkeypatch.setattr(onnx_export, "MIN_INT8_WORD_AGREEMENT", 1.01)
+        return checked(run, batches, references, outside, *what)
+
+    monkeypatch.setattr(onnx_export, "check_int8", strict_for_static)
+    out = tmp_path / "refused"
+    assert export_main([str(exported), str(out), "--onnx", "--quantize", "int8", "--calibrate",
+                        str(tiny_data["train"])]) != 0
+    error = one_line_error(capsys)
+    assert "static int8 OpenVINO model agrees" in error and error.endswith("export without --calibrate")
+    assert not out.exists()
+
+
+def test_calibrate_needs_quantize_and_a_missing_file_names_the_export(exported, tmp_path, capsys):
+    assert export_main([str(exported), str(tmp_path / "o"), "--onnx", "--calibrate", "x.conll"]) != 0
+    assert "--quantize int8" in one_line_error(capsys)
+    bare = tmp_path / "bare"
+    shutil.copytree(exported, bare, ignore=shutil.ignore_patterns("model.int8.*"))
+    with pytest.raises(Exception, match="model.int8.xml: not found.*--calibrate"):
+        Tagger(bare, runtime="openvino-int8")
+
+
+@pytest.mark.parametrize("runtime", ["openvino", "openvino-int8"])
+def test_openvino_runtimes_tag_and_serve_without_torch(runtime, exported, tmp_path):
+    (tmp_path / "sitecustomize.py").write_text(NO_TORCH)
+    texts = tmp_path / "texts.txt"
+    texts.write_text("Ada Lovelace visited London on Monday .\nShares of Globex rose in Paris .\n", encoding="utf-8")
+    predict = python_module("ner.predict", str(exported), str(texts), "--runtime", runtime, "--quiet")
+    with_torch = run_without_torch(predict, False, tmp_path)
+    assert run_without_torch(predict, True, tmp_path) == with_torch and with_torch.count("\n") == 2
+    serve = [sys.executable, "-c", SERVE_ONCE, str(exported), runtime, "Grace Hopper hired Alan Turing in Cairo ."]
+    blocked, importable = (json.loads(run_without_torch(serve, b, tmp_path)) for b in (True, False))
+    assert blocked["answer"] == importable["answer"] and importable["torch_imported"] is False

@@ -1,6 +1,7 @@
 """Raw-text tagging speed, memory and F1 per runtime: transformers' pipeline, torch, onnx, onnx-int8, openvino(-int8).
 
-    python -m ner.export runs/final runs/final_onnx --onnx --quantize int8 --calibrate ../shared/data/conll2003/train.txt
+    python -m ner.export runs/final runs/final_onnx --onnx --quantize int8 \
+        --calibrate ../shared/data/conll2003/train.txt
     python -m benchmarks.inference runs/final_onnx ../shared/data/conll2003/train.txt   # speed
     python -m benchmarks.inference runs/final_onnx ../shared/data/conll2003/valid.txt   # F1
 
@@ -104,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("conll", type=Path, help="CoNLL file with gold tags (validation)")
     parser.add_argument("--limit", type=int, default=None, help="first N sentences only")
     parser.add_argument("--rows", nargs="+", choices=ROWS, default=list(ROWS))
-    parser.add_argument("--max-tokens", type=int, default=None, help="padded tokens per forward (default: the device's)")
+    parser.add_argument("--max-tokens", type=int, default=None,
+                        help="padded tokens per forward (default: the device's)")
     parser.add_argument("--child", choices=ROWS, help=argparse.SUPPRESS)
     parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

@@ -2,7 +2,7 @@
 
     python -m ner.export runs/ner/checkpoints/step_120 exported/
     python -m ner.export runs/ner/final exported_onnx/ --onnx --quantize int8   # + model.onnx, model.int8.onnx
-    python -m ner.export runs/ner/final exported_onnx/ --onnx --quantize int8 --calibrate train.conll  # + model.int8.xml
+    python -m ner.export runs/ner/final exported_onnx/ --onnx --quantize int8 --calibrate train.conll  # + .xml
     python -m ner.export runs/ner/checkpoints/step_240 exported/ --overwrite     # replace an earlier export
     python -c "from transformers import pipeline; print(pipeline('token-classification', \
         model='exported', aggregation_strategy='simple')('Ada Lovelace visited London'))"

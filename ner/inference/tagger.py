@@ -43,6 +43,7 @@ from ner.data.tokenizer import load_tokenizer
 from ner.errors import UserError
 from ner.files import sha256_file
 from ner.inference.decode import Decoder
+from ner.inference.openvino_runtime import OpenVinoRuntime, openvino_path
 from ner.inference.options import (
     MAX_SEQ_LENGTH,
     PAD_TO_MULTIPLE_OF,
@@ -53,7 +54,6 @@ from ner.inference.options import (
     inference_budget,
     parse_min_score,
 )
-from ner.inference.openvino_runtime import OpenVinoRuntime, openvino_path
 from ner.inference.runtime import OnnxRuntime, TorchRuntime, onnx_device_type, onnx_path
 from ner.metrics import entity_scores, get_entities
 
@@ -65,7 +65,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("ner")
 
 Progress = Callable  # tqdm-like: progress(iterable, desc=..., leave=...) -> iterable
-Runtime = TorchRuntime | OnnxRuntime | OpenVinoRuntime  # runtime(input_ids, attention_mask, token_type_ids) -> logits (runtime.py)
+Runtime = TorchRuntime | OnnxRuntime | OpenVinoRuntime  # runtime(input_ids, attention_mask, token_type_ids) -> logits
 
 
 def no_progress(iterable, **_):

@@ -114,8 +114,8 @@ class TrainConfig:
         "(ignored when --max-steps > 0)")
     max_steps: int = _opt(-1, "optimizer updates to run; -1: use --num-epochs")
     batch_size: int = _opt(
-        0, "windows per device per micro-batch, an upper bound with --max-tokens; 0: auto, 32 sentences "
-        "(with document context: as many windows as hold about 32 sentences)")
+        0, "windows per device per micro-batch, an upper bound with --max-tokens; 0: auto, 32 sentences on CPU, "
+        "128 on CUDA (with document context: as many windows as hold about that many sentences)")
     max_tokens: int | None = _opt(
         None, "padded tokens per device per micro-batch (length-aware batching); 0: fixed --batch-size; auto: by "
         "device, 4096 on CPU (measured), 16384 on CUDA (reasoned, docs/defaults.md)", auto=True)
@@ -125,7 +125,8 @@ class TrainConfig:
     gradient_accumulation_steps: int = _opt(1, "micro-batches per optimizer update")
     learning_rate: float = _opt(
         0.0, "peak learning rate after warmup; 0: auto, 2e-4 for encoders of hidden size <= 512 "
-        "(MiniLM-class), 5e-5 for larger (BERT-base and up)")
+        "(MiniLM-class), 5e-5 for larger (BERT-base and up); twice that for CUDA's auto micro-batch, 4x the CPU's "
+        "(square-root scaling, docs/defaults.md)")
     warmup_ratio: float = _opt(0.1, "fraction of all updates spent warming up linearly from 0")
     weight_decay: float = _opt(0.01, "AdamW decoupled weight decay (not on biases and LayerNorm)")
     lr_scheduler: str = _opt("linear", "decay after warmup", choices=("linear", "cosine", "constant"))

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import sys
 
 import pytest
-from conftest import run_cli
+from conftest import read_state, run_cli, tiny_args
 
+from ner import train as train_cli
 from ner.errors import UserError
+from ner.training.checkpoint import list_checkpoints
 from ner.training.config import TrainConfig, load_yaml, parse_config
 
 
@@ -78,6 +81,7 @@ def test_help_lists_every_flag_with_its_default(entry):
         assert flag in text
     assert f"(default: {TrainConfig().learning_rate})" in text
     assert f"(default: {TrainConfig().seed})" in text
+    assert "--max-tokens INT|auto" in text and "16384 on CUDA (reasoned, docs/defaults.md) (default: auto)" in text
 
 
 def test_auto_defaults_follow_the_measured_rules():
@@ -95,22 +99,85 @@ def test_auto_values_resolve_into_a_new_config_once(caplog):
 
     caplog.set_level("INFO", logger="ner")
     given = TrainConfig()
-    resolved = resolve_auto(given, hidden_size=768, sentences_per_window=1.0, updates_per_epoch=lambda b: 9600 // b,
-                            device_type="cuda")
-    assert (resolved.batch_size, resolved.learning_rate, resolved.num_epochs, resolved.attn_implementation) == \
-        (32, 5e-5, 5, "sdpa")  # 300 updates an epoch at 32
-    assert (given.batch_size, given.learning_rate, given.num_epochs, given.attn_implementation) == \
-        (0, 0.0, 0, "auto")  # untouched
+    resolved = resolve_auto(given, hidden_size=768, sentences_per_window=1.0,
+                            updates_per_epoch=lambda b, t: 9600 // b, device_type="cpu")
+    assert (resolved.batch_size, resolved.max_tokens, resolved.learning_rate, resolved.num_epochs,
+            resolved.attn_implementation) == (32, 4096, 5e-5, 5, "eager")  # 300 updates an epoch at 32
+    assert (given.batch_size, given.max_tokens, given.learning_rate, given.num_epochs, given.attn_implementation) == \
+        (0, None, 0.0, 0, "auto")  # untouched
     assert "--learning-rate auto: 5e-05 (hidden size 768)" in caplog.text
-    documents = resolve_auto(given, hidden_size=384, sentences_per_window=5.2, updates_per_epoch=lambda b: 2400 // b,
-                             device_type="cpu")
+    documents = resolve_auto(given, hidden_size=384, sentences_per_window=5.2,
+                             updates_per_epoch=lambda b, t: 2400 // b, device_type="cpu")
     assert (documents.batch_size, documents.num_epochs) == (6, 4)  # 6 windows of ~5 sentences; 400 updates
     on_cpu = resolve_auto(TrainConfig(batch_size=8, learning_rate=3e-5, num_epochs=2), hidden_size=384,
-                          sentences_per_window=5.0, updates_per_epoch=lambda b: 29, device_type="cpu")
+                          sentences_per_window=5.0, updates_per_epoch=lambda b, t: 29, device_type="cpu")
     assert (on_cpu.batch_size, on_cpu.learning_rate, on_cpu.num_epochs, on_cpu.attn_implementation) == \
         (8, 3e-5, 2, "eager")
-    assert resolve_auto(resolved, hidden_size=384, sentences_per_window=3.0, updates_per_epoch=lambda b: 1,
-                        device_type="cpu") == resolved
+    assert resolve_auto(resolved, hidden_size=384, sentences_per_window=3.0, updates_per_epoch=lambda b, t: 1,
+                        device_type="cuda") == resolved
+
+
+@pytest.mark.parametrize("device_type, hidden_size, expected", [
+    ("cpu", 384, (32, 4096, 2e-4)),  # today's measured CPU defaults, unchanged
+    ("cpu", 768, (32, 4096, 5e-5)),
+    ("mps", 384, (32, 4096, 2e-4)),  # a device type without its own budget gets the CPU's
+    ("cuda", 384, (128, 16384, 4e-4)),  # 4x the micro-batch: sqrt(4) x the step
+    ("cuda", 768, (128, 16384, 1e-4)),
+])
+def test_auto_micro_batch_and_learning_rate_follow_the_device(caplog, device_type, hidden_size, expected):
+    from ner.training.auto import resolve_auto
+
+    caplog.set_level("INFO", logger="ner")
+    seen = []
+    resolved = resolve_auto(TrainConfig(), hidden_size=hidden_size, sentences_per_window=1.0,
+                            updates_per_epoch=lambda b, t: seen.append((b, t)) or 100, device_type=device_type)
+    assert (resolved.batch_size, resolved.max_tokens, resolved.learning_rate) == expected
+    assert seen == [expected[:2]]  # auto epochs count the updates of the micro-batch the run will use
+    assert f"--max-tokens auto: {expected[1]} (on {device_type})" in caplog.text
+
+
+@pytest.mark.parametrize("device_type", ["cpu", "cuda"])
+def test_a_given_micro_batch_is_kept_and_its_learning_rate_not_scaled(device_type):
+    from ner.training.auto import resolve_auto
+
+    counted = []
+
+    def resolved(**given):
+        return resolve_auto(TrainConfig(**given), hidden_size=384, sentences_per_window=1.0,
+                            updates_per_epoch=lambda b, t: counted.append(t) or 100, device_type=device_type)
+
+    assert resolved(max_tokens=8192).max_tokens == 8192
+    assert resolved(max_tokens=0).max_tokens == 0  # 0: fixed --batch-size, as before
+    assert counted == [8192, 0]  # and the auto epochs are counted with the budget given
+    fixed = resolved(batch_size=32)
+    assert (fixed.batch_size, fixed.learning_rate) == (32, 2e-4)  # the LR is scaled for the auto micro-batch only
+
+
+def test_max_tokens_takes_auto_or_a_number_from_flags_and_yaml(tmp_path):
+    assert TrainConfig().max_tokens is None  # auto
+    assert parse_config([])[0].max_tokens is None
+    assert parse_config(["--max-tokens", "0"])[0].max_tokens == 0
+    assert parse_config(["--max-tokens", "8192"])[0].max_tokens == 8192
+    config = tmp_path / "c.yaml"
+    config.write_text("max_tokens: 4096\n")
+    assert parse_config(["--config", str(config)])[0].max_tokens == 4096
+    assert parse_config(["--config", str(config), "--max-tokens", "auto"])[0].max_tokens is None
+    config.write_text("max_tokens: auto\n")
+    assert parse_config(["--config", str(config)])[0].max_tokens is None
+    config.write_text("batch_size: auto\n")  # only --max-tokens spells auto as a word
+    with pytest.raises(UserError, match="option 'batch_size' expects int, got 'auto'"):
+        load_yaml(config)
+    with pytest.raises(UserError, match="--max-tokens must be zero or more"):
+        parse_config(["--max-tokens", "-1"])
+
+
+def test_the_resolved_token_budget_is_stored_with_the_run(tiny_bert, tiny_data, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert train_cli.main(tiny_args(tiny_bert, tiny_data, out, "--max-tokens", "auto", "--max-steps", "2",
+                                    "--no-eval")) == 0
+    assert "--max-tokens auto: 4096 (on cpu)" in capsys.readouterr().err
+    assert json.loads((out / "final" / "training_args.json").read_text())["max_tokens"] == 4096
+    assert read_state(list_checkpoints(out)[-1])["config"]["max_tokens"] == 4096
 
 
 def test_remote_code_is_off_unless_asked():

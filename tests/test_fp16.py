@@ -155,3 +155,32 @@ def test_two_runs_in_one_process_may_ask_for_different_precisions(tiny_bert, tin
     assert train_cli.main(tiny_args(tiny_bert, tiny_data, tmp_path / "a", "--max-steps", "1", "--no-eval")) == 0
     assert train_cli.main(tiny_args(tiny_bert, tiny_data, tmp_path / "b", "--max-steps", "1", "--no-eval",
                                     "--mixed-precision", "bf16")) == 0
+
+
+@pytest.mark.skipif(not cpu_autocasts_fp16(), reason="no fp16 autocast on CPU")
+@pytest.mark.parametrize("overflow", [False, True])
+def test_the_scaler_step_reads_the_device_once(monkeypatch, overflow):
+    """LossScaler.step with a fused AdamW (the GPU default) reads one device value per update, whether the step
+    was skipped: GradScaler.get_scale() before and after the step was two (red with it: 2 reads)."""
+    from ner.backends import LossScaler
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+    scaler = LossScaler(torch.device("cpu"), "fp16")
+    scaler.optimizer = optimizer
+    with torch.autocast("cpu", dtype=torch.float16):
+        loss = model(torch.ones(3, 4)).float().pow(2).mean()
+    scaler.backward(loss * (1e30 if overflow else 1.0))
+    scaler.clip_grad_norm_(model.parameters(), 1.0)
+    reads = []
+    for name in ("item", "__bool__", "tolist", "cpu"):
+        original = getattr(torch.Tensor, name)
+        monkeypatch.setattr(torch.Tensor, name, lambda self, *a, _o=original, _n=name, **k: reads.append(_n)
+                            or _o(self, *a, **k))
+    before = scaler.scaler.get_scale()
+    reads.clear()
+    stepped = scaler.step(optimizer)
+    assert len(reads) == 1, reads
+    assert stepped is (not overflow)
+    assert scaler.scaler.get_scale() == (before / 2 if overflow else before)

@@ -19,10 +19,12 @@ def test_trains_on_cuda_and_its_export_tags_the_same_on_cpu(tiny_bert, tiny_data
     from ner.inference.tagger import Tagger
 
     out = tmp_path / "run"
-    result = run_cli(python_module("ner.train", *tiny_args(tiny_bert, tiny_data, out, "--max-steps", "8")))
+    result = run_cli(python_module("ner.train", *tiny_args(tiny_bert, tiny_data, out, "--max-steps", "8",
+                                                           "--max-tokens", "auto")))
     assert result.returncode == 0, result.stderr[-3000:]
     state = read_state(list_checkpoints(out)[-1])
     assert state["config"]["attn_implementation"] == "sdpa"  # auto resolved for the GPU
+    assert state["config"]["max_tokens"] == 16384  # ... and the token budget
     examples = read_conll(tiny_data["validation"])
     on_gpu, _ = Tagger(out / "final", device="cuda", precision="no").tag(examples)
     on_cpu, _ = Tagger(out / "final", device="cpu", precision="no").tag(examples)

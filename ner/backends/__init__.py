@@ -125,10 +125,22 @@ class LossScaler:
         if self.scaler is None:
             optimizer.step()
             return True
-        scale = self.scaler.get_scale()
+        scale = scale_on_device(self.scaler)
         self.scaler.step(optimizer)  # skips optimizer.step() when a gradient is inf or nan
         self.scaler.update()  # halves the scale after an overflow, doubles it after 2000 clean steps
-        return self.scaler.get_scale() >= scale
+        return scale_held(self.scaler, scale)
+
+
+def scale_on_device(scaler) -> torch.Tensor | float:
+    """The loss scale before a step, copied where it lives: GradScaler.get_scale() reads it to the host (.item()),
+    and a host read waits for the whole backward pass on a GPU. update() changes the scale in place, hence the copy."""
+    return scaler._scale.clone() if scaler._scale is not None else scaler.get_scale()
+
+
+def scale_held(scaler, before: torch.Tensor | float) -> bool:
+    """True when the scale did not fall over the step (an overflow halves it and skips the step): the one host read
+    of the update, which the schedule needs now, since it must not advance on a skipped step."""
+    return bool(scaler._scale >= before) if scaler._scale is not None else scaler.get_scale() >= before
 
 
 def before_any_process_group() -> None:

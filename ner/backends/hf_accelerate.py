@@ -17,7 +17,7 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import InitProcessGroupKwargs, gather_object
 
-from ner.backends import resolve_precision
+from ner.backends import resolve_precision, scale_held, scale_on_device
 from ner.backends.trackers import TRACKERS, report_trackers
 from ner.errors import UserError
 
@@ -146,11 +146,11 @@ class AccelerateBackend:
         misses the skip of a fused optimizer (GradScaler hands it found_inf and it skips inside its own step,
         so the step Accelerate watches is called): a loss scale that fell is the one sign every optimizer gives."""
         scaler = self.accelerator.scaler
-        scale_before = scaler.get_scale() if scaler is not None else None
+        scale_before = scale_on_device(scaler) if scaler is not None else None
         optimizer.step()
         if scaler is None:
             return not optimizer.step_was_skipped
-        return scaler.get_scale() >= scale_before
+        return scale_held(scaler, scale_before)
 
     @property
     def grad_scaler(self):

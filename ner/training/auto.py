@@ -1,5 +1,6 @@
-"""The `auto` options, resolved once the data, the encoder and the device are known: batch size, epochs, learning
-rate, attention, document context and casing. Each rule was chosen by measurement (docs/defaults.md)."""
+"""The `auto` options, resolved once the data, the encoder and the device are known: batch size, token budget,
+epochs, learning rate, attention, document context and casing. Each CPU rule was chosen by measurement; the CUDA
+micro-batch and its learning rate are reasoned, not measured yet (docs/defaults.md, "On a GPU")."""
 
 from __future__ import annotations
 
@@ -18,12 +19,24 @@ log = logging.getLogger("ner")
 
 AUTO_TARGET_UPDATES, AUTO_MIN_EPOCHS, AUTO_MAX_EPOCHS = 1500, 3, 10
 
+# (sentences, padded tokens) per device per micro-batch by device type, where --batch-size / --max-tokens are auto,
+# as INFERENCE_BUDGETS is for inference. 32 x 128 tokens: a micro-batch of full windows just fits the budget, so
+# the sentence count decides. CPU: measured (docs/defaults.md). CUDA: reasoned, not measured (issue 48 will): the
+# H200's update is host-bound (34 ms, 0.2% MFU), so 4x the data per update costs about the same time per update
+# and a quarter of the updates, in about 2 GB of activations for MiniLM and 7 GB for BERT-base (docs/defaults.md).
+TRAINING_BUDGETS = {"cpu": (AUTO_SENTENCES_PER_BATCH, 4096), "cuda": (4 * AUTO_SENTENCES_PER_BATCH, 16384)}
 
-def auto_batch_size(sentences_per_window: float) -> int:
-    """Windows per micro-batch holding about 32 sentences: at sentence level 32; a document window
-    holds several sentences, so fewer windows keep each update's data, and the learning rate tuned
-    for it, the same (docs/defaults.md)."""
-    return max(1, round(AUTO_SENTENCES_PER_BATCH / max(sentences_per_window, 1.0)))
+
+def training_budget(device_type: str) -> tuple[int, int]:
+    """(sentences, padded tokens) per micro-batch for the device type; the CPU's for any other type."""
+    return TRAINING_BUDGETS.get(device_type, TRAINING_BUDGETS["cpu"])
+
+
+def auto_batch_size(sentences_per_window: float, sentences_per_batch: int = AUTO_SENTENCES_PER_BATCH) -> int:
+    """Windows per micro-batch holding about `sentences_per_batch` sentences: at sentence level that many; a
+    document window holds several sentences, so fewer windows keep each update's data, and the learning rate
+    tuned for it, the same (docs/defaults.md)."""
+    return max(1, round(sentences_per_batch / max(sentences_per_window, 1.0)))
 
 
 def auto_num_epochs(updates_per_epoch: int) -> int:
@@ -31,9 +44,11 @@ def auto_num_epochs(updates_per_epoch: int) -> int:
     return min(max(math.ceil(AUTO_TARGET_UPDATES / max(updates_per_epoch, 1)), AUTO_MIN_EPOCHS), AUTO_MAX_EPOCHS)
 
 
-def auto_learning_rate(hidden_size: int) -> float:
-    """Small encoders want a larger step (measured, docs/defaults.md); BERT-base and up the usual 5e-5."""
-    return 2e-4 if hidden_size <= 512 else 5e-5
+def auto_learning_rate(hidden_size: int, batch_scale: float = 1.0) -> float:
+    """Small encoders want a larger step (measured, docs/defaults.md); BERT-base and up the usual 5e-5. Both were
+    chosen for 32-sentence micro-batches; a micro-batch `batch_scale` times larger gets sqrt(batch_scale) times the
+    step (square-root scaling: the same gradient noise per step; reasoned, not measured)."""
+    return (2e-4 if hidden_size <= 512 else 5e-5) * math.sqrt(batch_scale)
 
 
 def auto_attention(device_type: str) -> str:
@@ -52,18 +67,26 @@ def resolve_auto(cfg: TrainConfig, *, hidden_size: int, sentences_per_window: fl
                  updates_per_epoch: Callable[[int], int], device_type: str) -> TrainConfig:
     """A new config with every auto value decided, each choice logged once; `cfg` is left as it was.
 
-    `updates_per_epoch(batch_size)` counts an epoch's updates at that batch size.
+    `updates_per_epoch(batch_size, max_tokens)` counts an epoch's updates at that batch size and token budget.
     """
     chosen: dict[str, Any] = {}
-    batch_size = cfg.batch_size or auto_batch_size(sentences_per_window)
+    budget_sentences, budget_tokens = training_budget(device_type)
+    batch_size = cfg.batch_size or auto_batch_size(sentences_per_window, budget_sentences)
     if cfg.batch_size == 0:
         chosen["batch_size"] = batch_size
-        log.info("--batch-size auto: %d (%.1f sentences a window)", batch_size, sentences_per_window)
+        log.info("--batch-size auto: %d (%d sentences on %s, %.1f sentences a window)", batch_size,
+                 budget_sentences, device_type, sentences_per_window)
+    max_tokens = budget_tokens if cfg.max_tokens is None else cfg.max_tokens
+    if cfg.max_tokens is None:
+        chosen["max_tokens"] = max_tokens
+        log.info("--max-tokens auto: %d (on %s)", max_tokens, device_type)
     if cfg.learning_rate == 0:
-        chosen["learning_rate"] = auto_learning_rate(hidden_size)
-        log.info("--learning-rate auto: %g (hidden size %d)", chosen["learning_rate"], hidden_size)
+        batch_scale = budget_sentences / AUTO_SENTENCES_PER_BATCH if cfg.batch_size == 0 else 1.0
+        chosen["learning_rate"] = auto_learning_rate(hidden_size, batch_scale)
+        log.info("--learning-rate auto: %g (hidden size %d%s)", chosen["learning_rate"], hidden_size,
+                 f", micro-batch {batch_scale:g}x the CPU's: x sqrt({batch_scale:g})" if batch_scale != 1 else "")
     if cfg.num_epochs == 0 and cfg.max_steps <= 0:
-        per_epoch = updates_per_epoch(batch_size)
+        per_epoch = updates_per_epoch(batch_size, max_tokens)
         chosen["num_epochs"] = auto_num_epochs(per_epoch)
         log.info("--num-epochs auto: %d (%d updates an epoch)", chosen["num_epochs"], per_epoch)
     if cfg.attn_implementation == "auto":

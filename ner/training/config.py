@@ -114,17 +114,19 @@ class TrainConfig:
         "(ignored when --max-steps > 0)")
     max_steps: int = _opt(-1, "optimizer updates to run; -1: use --num-epochs")
     batch_size: int = _opt(
-        0, "windows per device per micro-batch, an upper bound with --max-tokens; 0: auto, 32 sentences "
-        "(with document context: as many windows as hold about 32 sentences)")
-    max_tokens: int = _opt(
-        4096, "padded tokens per device per micro-batch (length-aware batching); 0: fixed --batch-size")
+        0, "windows per device per micro-batch, an upper bound with --max-tokens; 0: auto, 32 sentences on CPU, "
+        "128 on CUDA (with document context: as many windows as hold about that many sentences)")
+    max_tokens: int | None = _opt(
+        None, "padded tokens per device per micro-batch (length-aware batching); 0: fixed --batch-size; auto: by "
+        "device, 4096 on CPU (measured), 16384 on CUDA (reasoned, docs/defaults.md)", auto=True)
     pad_to_multiple_of: int = _opt(
         PAD_TO_MULTIPLE_OF, "round each batch's padded length up to a multiple of this: fewer distinct "
         "shapes for the kernel caches, so less memory and warm-up (docs/performance.md); 1: longest row only")
     gradient_accumulation_steps: int = _opt(1, "micro-batches per optimizer update")
     learning_rate: float = _opt(
         0.0, "peak learning rate after warmup; 0: auto, 2e-4 for encoders of hidden size <= 512 "
-        "(MiniLM-class), 5e-5 for larger (BERT-base and up)")
+        "(MiniLM-class), 5e-5 for larger (BERT-base and up); twice that for CUDA's auto micro-batch, 4x the CPU's "
+        "(square-root scaling, docs/defaults.md)")
     warmup_ratio: float = _opt(0.1, "fraction of all updates spent warming up linearly from 0")
     weight_decay: float = _opt(0.01, "AdamW decoupled weight decay (not on biases and LayerNorm)")
     lr_scheduler: str = _opt("linear", "decay after warmup", choices=("linear", "cosine", "constant"))
@@ -172,7 +174,7 @@ class TrainConfig:
                         "weight_decay", "max_grad_norm", "nproc", "window_stride_words", "context_tokens",
                         "early_stopping_patience")
         for name in non_negative:
-            if getattr(self, name) < 0:
+            if getattr(self, name) is not None and getattr(self, name) < 0:
                 raise UserError(f"--{_flag(name)} must be zero or more (got {getattr(self, name)})")
         if not 0.0 <= self.casing_dropout <= 1.0:
             raise UserError(f"--casing-dropout must be in [0, 1] (got {self.casing_dropout})")
@@ -251,6 +253,15 @@ _FIELD_TYPES = {f.name: _base_type(t) for f, t in zip(
     dataclasses.fields(TrainConfig), typing.get_type_hints(TrainConfig).values())}
 
 
+def _or_auto(kind: type) -> Any:
+    """A flag whose value may be `auto` (None: decided once the device is known, ner.training.auto)."""
+    def parse(text: str) -> Any:
+        return None if text == "auto" else kind(text)
+
+    parse.__name__ = kind.__name__  # argparse names the type in its error message
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m ner.train",
@@ -266,12 +277,14 @@ def build_parser() -> argparse.ArgumentParser:
         if f.metadata.get("recorded"):
             continue
         kind = _FIELD_TYPES[f.name]
-        help_text = f.metadata["help"] + f" (default: {f.default})"
+        auto = f.metadata.get("auto")
+        help_text = f.metadata["help"] + f" (default: {'auto' if auto else f.default})"
         if kind is bool:
             parser.add_argument(f"--{_flag(f.name)}", action="store_true", help=help_text)
         else:
-            parser.add_argument(f"--{_flag(f.name)}", type=kind, choices=f.metadata.get("choices"),
-                                help=help_text, metavar=None if f.metadata.get("choices") else kind.__name__.upper())
+            metavar = None if f.metadata.get("choices") else kind.__name__.upper() + ("|auto" if auto else "")
+            parser.add_argument(f"--{_flag(f.name)}", type=_or_auto(kind) if auto else kind,
+                                choices=f.metadata.get("choices"), help=help_text, metavar=metavar)
     parser.add_argument("--raw-ddp", dest="backend", action="store_const", const="raw-ddp",
                         help="plain torch DistributedDataParallel, no Accelerate (torchrun or self-spawned)")
     parser.add_argument("--data-parallel", dest="backend", action="store_const", const="data-parallel",
@@ -318,8 +331,9 @@ def _yaml_key(path: Path, key: Any) -> str:
 def _coerce(path: Path, key: Any, value: Any) -> Any:
     name = str(key).replace("-", "_")
     kind = _FIELD_TYPES[name]
-    choices = dataclasses.fields(TrainConfig)[list(_FIELD_TYPES).index(name)].metadata.get("choices")
-    if value is None:
+    metadata = dataclasses.fields(TrainConfig)[list(_FIELD_TYPES).index(name)].metadata
+    choices = metadata.get("choices")
+    if value is None or (value == "auto" and metadata.get("auto")):
         return None
     ok = isinstance(value, kind) and not (kind is not bool and isinstance(value, bool))
     if kind is float and isinstance(value, int) and not isinstance(value, bool):

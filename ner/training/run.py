@@ -244,10 +244,11 @@ def updates_per_epoch(sampler: TokenBudgetBatchSampler, epoch: int, cfg: TrainCo
     return updates_in_epoch(len(sampler.plan(epoch)) // world_size, cfg.gradient_accumulation_steps)
 
 
-def train_sampler(cfg: TrainConfig, data: Prepared, world_size: int, batch_size: int | None = None):
+def train_sampler(cfg: TrainConfig, data: Prepared, world_size: int, batch_size: int | None = None,
+                  max_tokens: int | None = None):
     return TokenBudgetBatchSampler(padded_lengths(data.train_features, cfg.pad_to_multiple_of),
-                                   batch_size or cfg.batch_size, cfg.max_tokens, cfg.seed, shuffle=True,
-                                   num_replicas=world_size)
+                                   batch_size or cfg.batch_size, cfg.max_tokens if max_tokens is None else max_tokens,
+                                   cfg.seed, shuffle=True, num_replicas=world_size)
 
 
 def plan_epochs(sampler: TokenBudgetBatchSampler, cfg: TrainConfig, world_size: int) -> tuple[int, int | None]:
@@ -275,8 +276,8 @@ def run(cfg: TrainConfig, backend: Backend) -> dict:
     world = backend.num_processes
     cfg = resolve_auto(cfg, hidden_size=encoder_hidden_size(cfg.model, cfg.trust_remote_code),
                        sentences_per_window=len(data.splits.train) / max(len(data.train_features), 1),
-                       updates_per_epoch=lambda size: updates_per_epoch(train_sampler(cfg, data, world, size), 0,
-                                                                        cfg, world),
+                       updates_per_epoch=lambda size, tokens: updates_per_epoch(
+                           train_sampler(cfg, data, world, size, tokens), 0, cfg, world),
                        device_type=backend.device.type)
     sampler = train_sampler(cfg, data, world)
     data.eval_sets = batch_eval_sets(cfg, data)

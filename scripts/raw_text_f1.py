@@ -22,10 +22,9 @@ import sys
 import time
 from pathlib import Path
 
-from seqeval.metrics.sequence_labeling import get_entities
-
 from ner.data.examples import Example, read_conll, read_conll_documents, write_jsonl
 from ner.data.text import SPLITTERS
+from ner.metrics import get_entities  # seqeval's reading, without its scikit-learn import (a benchmark's start-up)
 
 CLOSING = re.compile(r"^(?:[.,;:!?)\]}%]|\.\.\.|n't|'(?:s|S|re|ve|ll|d|m))$")
 OPENING = {"(", "[", "{"}

@@ -79,6 +79,14 @@ def test_each_pass_runs_on_one_thread_and_the_bytes_do_not_depend_on_the_threads
     assert all(a.tobytes() == b.tobytes() for a, b in zip(answers[1], answers[2]))
 
 
+def test_omp_num_threads_sets_the_streams_as_it_does_an_onnx_session(exported, monkeypatch):
+    """ner.serve --workers gives each worker OMP_NUM_THREADS = its share of the cores."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    with torch_threads(2):
+        tagger = Tagger(exported, runtime="openvino-int8")
+    assert tagger.runtime.compiled.get_property("NUM_STREAMS") == 1
+
+
 def test_precision_is_bf16_only_where_asked_for_and_the_cpu_has_it():
     from ner.inference.openvino_runtime import openvino_precision
 

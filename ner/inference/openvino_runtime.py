@@ -17,6 +17,7 @@ pass's shape alone. Like the ONNX runtimes, this path never imports torch.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -25,7 +26,14 @@ import numpy as np
 
 from ner.errors import UserError
 from ner.inference.options import RUNTIME_FILES
-from ner.inference.runtime import EXPORT_COMMAND, Batch, default_threads, passes_at_once
+from ner.inference.runtime import (
+    EXPORT_COMMAND,
+    Batch,
+    cgroup_cpu_quota,
+    default_threads,
+    onnx_threads,
+    passes_at_once,
+)
 
 log = logging.getLogger(__name__)
 INSTALL = 'OpenVINO runtimes need openvino: pip install -e ".[openvino]"'
@@ -51,7 +59,9 @@ class OpenVinoRuntime:
             raise UserError(INSTALL) from None
         core = openvino.Core()
         self.precision = openvino_precision(precision, core.get_property("CPU", "OPTIMIZATION_CAPABILITIES"))
-        self.streams = default_threads()
+        # the threads an ONNX session would get: OMP_NUM_THREADS (what ner.serve --workers sets), else torch's
+        # count within the container's CPU quota
+        self.streams = onnx_threads(os.environ.get("OMP_NUM_THREADS"), default_threads(), cgroup_cpu_quota())
         config = {"INFERENCE_PRECISION_HINT": "bf16" if self.precision == "bf16" else "f32",
                   "NUM_STREAMS": self.streams, "INFERENCE_NUM_THREADS": self.streams,
                   "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0}  # no activation scales computed per pass

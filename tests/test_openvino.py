@@ -139,3 +139,22 @@ def test_openvino_runtimes_tag_and_serve_without_torch(runtime, exported, tmp_pa
     serve = [sys.executable, "-c", SERVE_ONCE, str(exported), runtime, "Grace Hopper hired Alan Turing in Cairo ."]
     blocked, importable = (json.loads(run_without_torch(serve, b, tmp_path)) for b in (True, False))
     assert blocked["answer"] == importable["answer"] and importable["torch_imported"] is False
+
+
+def test_corpus_tagging_writes_the_same_bytes_on_one_thread_and_on_two(exported, tmp_path):
+    """The corpus path runs the runtime as predict does: a part's bytes and the pinned computation do not change
+    with the threads, so a resume on another thread count is allowed and writes the same bytes."""
+    from ner.predict import main as predict_main
+
+    texts = tmp_path / "texts.txt"
+    texts.write_text("\n".join(" ".join(words.words) for words in EXAMPLES) + "\n", encoding="utf-8")
+    outputs = {}
+    for threads in (1, 2):
+        with torch_threads(threads):
+            out = tmp_path / f"tagged_{threads}"
+            assert predict_main([str(exported), str(texts), "--runtime", "openvino-int8", "--output-dir", str(out),
+                                 "--merge", "--quiet"]) == 0
+        manifest = json.loads((out / "manifest.json").read_text())
+        outputs[threads] = (out / "predictions.jsonl").read_bytes(), manifest["computation"]
+    assert outputs[1] == outputs[2] and outputs[1][1]["threads"] == 1
+    assert len(outputs[1][0].splitlines()) == len(EXAMPLES)

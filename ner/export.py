@@ -23,10 +23,12 @@ in place; the end of training exports into OUTPUT_DIR/final the same way, withou
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 from pathlib import Path
 
 from ner.errors import UserError, cli
+from ner.inference.openvino_export import INSTALL
 from ner.training.export import export_any
 
 
@@ -52,6 +54,10 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError("--quantize int8 quantizes the ONNX model: pass --onnx too")
     if args.calibrate and not args.quantize:
         raise UserError("--calibrate FILE calibrates the static int8 model: pass --onnx --quantize int8 too")
+    if args.calibrate and not all(importlib.util.find_spec(name) for name in ("openvino", "nncf")):
+        raise UserError(INSTALL)  # before the ONNX export and its checks, not after them
+    if args.calibrate and not args.calibrate.exists():
+        raise UserError(f"--calibrate {args.calibrate}: file not found")
     print(export_any(args.source, args.out_dir, args.onnx, args.quantize, args.overwrite, args.calibrate))
     return 0
 

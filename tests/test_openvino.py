@@ -122,6 +122,9 @@ def test_a_static_model_that_fails_its_gate_leaves_nothing(exported, tiny_data, 
 def test_calibrate_needs_quantize_and_a_missing_file_names_the_export(exported, tmp_path, capsys):
     assert export_main([str(exported), str(tmp_path / "o"), "--onnx", "--calibrate", "x.conll"]) != 0
     assert "--quantize int8" in one_line_error(capsys)
+    assert export_main([str(exported), str(tmp_path / "o"), "--onnx", "--quantize", "int8", "--calibrate",
+                        str(tmp_path / "missing.conll")]) != 0
+    assert "missing.conll: file not found" in one_line_error(capsys) and not (tmp_path / "o").exists()
     bare = tmp_path / "bare"
     shutil.copytree(exported, bare, ignore=shutil.ignore_patterns("model.int8.*"))
     with pytest.raises(Exception, match="model.int8.xml: not found.*--calibrate"):

@@ -282,7 +282,6 @@ class ShapeLog:
     def __init__(self, runtime):
         self.runtime, self.shapes = runtime, []
         self.num_labels, self.device_type = runtime.num_labels, runtime.device_type
-        self.rows_per_forward = runtime.rows_per_forward
 
     def __call__(self, input_ids, attention_mask, token_type_ids=None):
         self.shapes.append(input_ids.shape)
@@ -306,7 +305,6 @@ def test_int8_answer_does_not_depend_on_its_batch_neighbours(exported):
     """int8 quantizes each activation row by row, so a text batched into one forward with other texts gets the
     numbers it gets alone. Byte for byte: entities with scores, and the tag probabilities themselves."""
     tagger = Tagger(exported, runtime="onnx-int8")
-    assert tagger.runtime.rows_per_forward is None  # batched: the independence comes from the per-row scales
     tagger.runtime = ShapeLog(tagger.runtime)
     text = "Shares of Globex rose in Paris after Alan Turing spoke ."
     neighbours = same_width_neighbours(tagger, text)[:6]
@@ -319,21 +317,6 @@ def test_int8_answer_does_not_depend_on_its_batch_neighbours(exported):
     _, probs_alone = tagger.tag(words[-1:])
     _, probs_among = tagger.tag(words)
     assert probs_among[-1].tobytes() == probs_alone[0].tobytes()
-
-
-def test_int8_file_of_per_tensor_scales_runs_one_window_a_forward(exported, tmp_path, caplog):
-    """An int8 file written before per-row scales (no metadata saying so) is not batched, and the log says how
-    to get one that is."""
-    import onnx
-
-    old = tmp_path / "model.int8.onnx"
-    graph = onnx.load(str(exported / "model.int8.onnx"))
-    del graph.metadata_props[:]
-    onnx.save(graph, str(old))
-    with caplog.at_level("WARNING"):
-        assert runtimes.OnnxRuntime(old, 3).rows_per_forward == 1
-    assert "Re-export" in caplog.text and runtimes.EXPORT_COMMAND in caplog.text
-    assert runtimes.OnnxRuntime(exported / "model.int8.onnx", 3).rows_per_forward is None
 
 
 def test_int8_graph_keeps_no_per_tensor_activation_scale(exported):

@@ -26,7 +26,7 @@ import torch
 from ner.data.encode import UNKNOWN_CASE, casing_type, model_inputs
 from ner.errors import UserError
 from ner.files import staged_file
-from ner.inference.runtime import ACTIVATION_SCALES, ONNX_FILES, onnx_session
+from ner.inference.runtime import ONNX_FILES, onnx_session
 from ner.inference.tagger import ModelSettings
 
 MAX_LOGIT_DIFF = 1e-3
@@ -172,8 +172,6 @@ def quantize_int8(source: Path, target: Path) -> None:
         root.setLevel(level)
     graph = onnx.load(str(target))
     rows_own_scales(graph)
-    key, per_row = ACTIVATION_SCALES
-    graph.metadata_props.add(key=key, value=per_row)  # the runtime batches this file (runtime.forward_rows_limit)
     onnx.save(graph, str(target))
 
 

@@ -298,8 +298,7 @@ class Tagger:
         given: the default of the device the runtime runs on (options.inference_budget)."""
         max_sentences, max_tokens = inference_budget(self.runtime.device_type, max_sentences, max_tokens)
         features = self.encode(examples)
-        rows = min(max_sentences, self.runtime.rows_per_forward or max_sentences)  # an old int8 file: one a forward
-        features, batches = fixed_shape_plan(features, self.pad_to_multiple_of, rows, max_tokens)
+        features, batches = fixed_shape_plan(features, self.pad_to_multiple_of, max_sentences, max_tokens)
         word_ids, scores = predict_word_scores(self.runtime, features, batches, self.tokenizer.pad_token_id,
                                                progress, self.pad_to_multiple_of)
         tags, probabilities = self.decoder(merge_predictions(examples, word_ids, scores))

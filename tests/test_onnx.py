@@ -14,7 +14,6 @@ import torch
 
 pytest.importorskip("onnxruntime")
 
-from ner.data.encode import CASING_SCHEME, LEGACY_CASING_SCHEME  # noqa: E402
 from ner.data.examples import Example, read_conll  # noqa: E402
 from ner.evaluate import main as evaluate_main  # noqa: E402
 from ner.export import main as export_main  # noqa: E402
@@ -137,14 +136,12 @@ def test_check_shapes_differ_from_the_traced_batch(exported):
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(exported)
-    batches = export_onnx.check_batches(tokenizer, CASING_SCHEME)
+    batches = export_onnx.check_batches(tokenizer, casing=True)
     shapes = [b["input_ids"].shape for b in batches]
     types = batches[0]["token_type_ids"]  # the traced batch: casing types at each word's subwords
     assert types[0, 1] == 2 and types[7, 1] == 3 and types[4, 2] == 1  # Angela, EU, happened; [CLS] unknown: 0
     assert types[:, 0].tolist() == [0] * len(types)
-    legacy = export_onnx.check_batches(tokenizer, LEGACY_CASING_SCHEME)[0]["token_type_ids"]  # an older export's
-    assert legacy[0, 1] == 1 and legacy[7, 1] == 2 and legacy[4, 2] == 0
-    assert "token_type_ids" not in export_onnx.check_batches(tokenizer, None)[0]
+    assert "token_type_ids" not in export_onnx.check_batches(tokenizer, casing=False)[0]
     assert shapes[0][0] == len(export_onnx.CHECK_SENTENCES) and len(set(shapes)) == len(shapes)
     assert len({shape[1] for shape in shapes}) == len(shapes)  # other batch sizes and other widths
     assert not batches[1]["attention_mask"].all()  # padded rows of different lengths

@@ -28,8 +28,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ner.data.encode import (
-    CASING_SCHEMES,
-    LEGACY_CASING_SCHEME,
+    CASING_SCHEME,
     Feature,
     collate,
     encode_examples,
@@ -142,7 +141,7 @@ class ModelSettings:
     context: str = "none"  # document | none, as resolved at training
     context_tokens: int = 0
     casing: str = "none"  # types | none, as resolved at training
-    casing_scheme: str = LEGACY_CASING_SCHEME  # recorded since type 0 means "unknown"; absent: an older export
+    casing_scheme: str = CASING_SCHEME  # recorded, so that a scheme of a newer version is refused
     tag_scheme: str | None = None
     decode: str = "viterbi"
     min_score: str | None = None
@@ -155,9 +154,9 @@ class ModelSettings:
         saved = json.loads(path.read_text(encoding="utf-8"))
         names = [f.name for f in dataclasses.fields(cls)]
         settings = cls(**{name: saved[name] for name in names if saved.get(name) is not None})
-        if settings.casing == "types" and settings.casing_scheme not in CASING_SCHEMES:
+        if settings.casing == "types" and settings.casing_scheme != CASING_SCHEME:
             raise UserError(f"{path}: casing_scheme {settings.casing_scheme!r} is not one this version of ner "
-                            f"knows ({', '.join(CASING_SCHEMES)}); a newer version wrote it")
+                            f"knows ({CASING_SCHEME}); a newer version wrote it")
         return settings
 
 
@@ -289,8 +288,7 @@ class Tagger:
         placeholder = {label: 0 for label in {t for e in examples for t in e.tags}}
         return encode_examples(examples, self.tokenizer, placeholder, self.max_seq_length,
                                self.settings.window_stride_words, context=self.uses_context(examples),
-                               context_tokens=self.settings.context_tokens, casing=self.settings.casing == "types",
-                               casing_scheme=self.settings.casing_scheme)
+                               context_tokens=self.settings.context_tokens, casing=self.settings.casing == "types")
 
     def tag(self, examples: list[Example], max_sentences: int | None = None, max_tokens: int | None = None,
             progress: Progress = no_progress) -> tuple[list[list[str]], list[np.ndarray]]:

@@ -174,14 +174,15 @@ def import_graphs() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
 
 
 def test_data_readers_import_one_way():
-    # formats.py picks the reader; data.py (CoNLL, JSON lines) and spans.py (character spans) never import it,
-    # and data.py never imports spans.py (spans.py builds on data.py's Example); span_files.py reads the files whose
-    # spans spans.py aligns.
+    # formats.py picks the reader; the readers of words and tags (CoNLL, JSON lines, datasets) and spans.py
+    # (character spans) never import it, and the former never import spans.py (spans.py builds on their Example);
+    # span_files.py reads the files whose spans spans.py aligns.
     top, lazy = import_graphs()
-    assert not (top["ner.data.examples"] | lazy["ner.data.examples"]) & {"ner.data.spans", "ner.data.formats"}
+    for reader in ("examples", "text_files", "conll", "jsonl", "hf_datasets", "tags"):
+        assert not (top[f"ner.data.{reader}"] | lazy[f"ner.data.{reader}"]) & {"ner.data.spans", "ner.data.formats"}
     for spans in ("ner.data.spans", "ner.data.span_files"):
         assert "ner.data.formats" not in top[spans] | lazy[spans]
-    assert {"ner.data.examples", "ner.data.spans"} <= top["ner.data.formats"]
+    assert {"ner.data.conll", "ner.data.jsonl", "ner.data.spans"} <= top["ner.data.formats"]
 
 
 def test_no_function_level_import_hides_an_import_cycle():

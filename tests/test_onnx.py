@@ -14,7 +14,8 @@ import torch
 
 pytest.importorskip("onnxruntime")
 
-from ner.data.examples import Example, read_conll  # noqa: E402
+from ner.data.conll import read_conll  # noqa: E402
+from ner.data.examples import Example
 from ner.evaluate import main as evaluate_main  # noqa: E402
 from ner.export import main as export_main  # noqa: E402
 from ner.inference import onnx_export as export_onnx  # noqa: E402

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ner.data.examples import split_tag
+from ner.data.tags import split_tag
 
 log = logging.getLogger("ner")
 

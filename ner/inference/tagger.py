@@ -36,7 +36,8 @@ from ner.data.encode import (
     merge_predictions,
     owned_positions,
 )
-from ner.data.examples import Example, scheme_of_labels
+from ner.data.examples import Example
+from ner.data.tags import scheme_of_labels
 from ner.data.text import Word, split_words
 from ner.data.tokenizer import load_tokenizer
 from ner.errors import UserError

@@ -19,8 +19,9 @@ import time
 from pathlib import Path
 
 from benchmarks.measure import synchronize
+from ner.data.conll import read_conll
 from ner.data.encode import IGNORE_INDEX
-from ner.data.examples import Example, read_conll
+from ner.data.examples import Example
 
 MAX_LENGTH = 128  # run_ner_no_trainer's --max_length default
 

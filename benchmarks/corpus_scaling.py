@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 from benchmarks.measure import contention, run_measured
-from ner.data.examples import read_conll
+from ner.data.conll import read_conll
 from ner.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -23,7 +23,8 @@ import time
 from pathlib import Path
 
 from benchmarks.report import REFERENCE_INFERENCE, inference_table
-from ner.data.examples import Example, read_conll
+from ner.data.conll import read_conll
+from ner.data.examples import Example
 
 
 def timed_tags(tag_all, examples: list[Example], scheme: str = "iob2") -> dict:

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from benchmarks.measure import inference_flops, int8_matmul_peak, measure_peak_flops, model_shape, run_measured
-from ner.data.examples import read_conll
+from ner.data.conll import read_conll
 from scripts.raw_text_f1 import detokenize, prf
 
 ROWS = ("pipeline", "torch", "onnx", "onnx-int8", "openvino", "openvino-int8")

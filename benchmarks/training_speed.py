@@ -53,7 +53,8 @@ from benchmarks.measure import (
     updates_from_records,
 )
 from benchmarks.report import REFERENCE_ABLATION, load_report, ratio_rows, save_report
-from ner.data.examples import build_label_list, read_conll, write_conll
+from ner.data.conll import read_conll, write_conll
+from ner.data.tags import build_label_list
 from ner.errors import UserError, cli
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -27,8 +27,9 @@ from pathlib import Path
 
 from seqeval.metrics import classification_report
 
-from ner.data.examples import Example, check_known_labels
+from ner.data.examples import Example
 from ner.data.formats import read_examples
+from ner.data.tags import check_known_labels
 from ner.errors import UserError, cli
 from ner.inference.analysis import Match, Span, analyse, format_analysis, match_entities
 from ner.inference.options import add_inference_arguments

@@ -36,9 +36,12 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from ner.corpus.tagging import add_corpus_arguments, tag_corpus
-from ner.data.examples import Example, check_known_labels, parse_jsonl, read_conll
+from ner.data.conll import read_conll
+from ner.data.examples import Example
+from ner.data.jsonl import parse_jsonl
 from ner.data.span_files import text_of
 from ner.data.spans import SPAN_HELP, entities_record, label_studio_task, span_record
+from ner.data.tags import check_known_labels
 from ner.data.text import split_whitespace
 from ner.errors import UserError, cli
 from ner.inference.options import add_inference_arguments

@@ -17,9 +17,12 @@ import argparse
 import sys
 from pathlib import Path
 
-from ner.data.examples import Example, read_conll_documents, to_iob2, write_conll, write_jsonl
+from ner.data.conll import read_conll_documents, write_conll
+from ner.data.examples import Example
 from ner.data.formats import read_examples
+from ner.data.jsonl import write_jsonl
 from ner.data.spans import span_record
+from ner.data.tags import to_iob2
 from ner.errors import cli
 
 

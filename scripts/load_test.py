@@ -129,7 +129,7 @@ class Outcome:
 def read_sentences(conll: Path | None, text_file: Path | None) -> list[str]:
     """Sentences to build texts from: a CoNLL file's sentences, a text file's non-empty lines, or TEXTS."""
     if conll is not None:
-        from ner.data.examples import read_conll
+        from ner.data.conll import read_conll
         return [" ".join(example.words) for example in read_conll(conll) if example.words]
     if text_file is not None:
         return [line.strip() for line in text_file.read_text(encoding="utf-8").splitlines() if line.strip()]

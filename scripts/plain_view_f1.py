@@ -13,7 +13,7 @@ import torch
 from seqeval.metrics import f1_score
 from transformers import AutoModelForTokenClassification, AutoTokenizer
 
-from ner.data.examples import read_conll
+from ner.data.conll import read_conll
 
 
 def plain_tags(model, tokenizer, words: list[str]) -> list[str]:

@@ -22,7 +22,9 @@ import sys
 import time
 from pathlib import Path
 
-from ner.data.examples import Example, read_conll, read_conll_documents, write_jsonl
+from ner.data.conll import read_conll, read_conll_documents
+from ner.data.examples import Example
+from ner.data.jsonl import write_jsonl
 from ner.data.text import SPLITTERS
 from ner.metrics import get_entities  # seqeval's reading, without its scikit-learn import (a benchmark's start-up)
 

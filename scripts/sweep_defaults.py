@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ner.data.examples import read_conll, write_conll
+from ner.data.conll import read_conll, write_conll
 
 ROOT = Path(__file__).resolve().parents[1]
 

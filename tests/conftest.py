@@ -157,7 +157,8 @@ def with_random_head(encoder: Path, tiny_data: dict[str, Path], folder: Path) ->
     import torch
     from transformers import AutoModelForTokenClassification, AutoTokenizer
 
-    from ner.data.examples import build_label_list, read_conll
+    from ner.data.conll import read_conll
+    from ner.data.tags import build_label_list
 
     labels = build_label_list(read_conll(tiny_data["train"]))
     torch.manual_seed(0)
@@ -175,7 +176,7 @@ def fit_briefly(model_dir, train_file, steps: int = 60) -> None:
     import torch
     from transformers import AutoModelForTokenClassification, AutoTokenizer
 
-    from ner.data.examples import read_conll
+    from ner.data.conll import read_conll
 
     model = AutoModelForTokenClassification.from_pretrained(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)

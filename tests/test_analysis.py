@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from seqeval.metrics import classification_report
 
-from ner.data.examples import read_conll
+from ner.data.conll import read_conll
 from ner.evaluate import main as evaluate_main
 from ner.inference.analysis import (
     KINDS,

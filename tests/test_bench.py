@@ -91,8 +91,9 @@ def tiny_run(tiny_bert, tiny_data, tmp_path_factory) -> Path:
 
 
 def test_steps_from_a_training_runs_metrics_cover_every_window_of_every_epoch(tiny_run, tiny_bert, tiny_data):
+    from ner.data.conll import read_conll
     from ner.data.encode import encode_examples
-    from ner.data.examples import build_label_list, read_conll
+    from ner.data.tags import build_label_list
     from ner.data.tokenizer import load_tokenizer
 
     out = tiny_run
@@ -132,7 +133,7 @@ def test_baseline_records_update_shapes_as_metrics_jsonl_does():
 
 
 def test_slices_are_the_first_sentences_read_by_the_project_reader(tmp_path):
-    from ner.data.examples import read_conll
+    from ner.data.conll import read_conll
 
     conll_dir = tmp_path / "conll"
     conll_dir.mkdir()
@@ -150,7 +151,7 @@ def test_slices_are_the_first_sentences_read_by_the_project_reader(tmp_path):
 
 
 def test_the_bench_scores_an_export_as_its_training_run_did(tiny_run, tiny_data):
-    from ner.data.examples import read_conll
+    from ner.data.conll import read_conll
 
     trained = json.loads((tiny_run / "final" / "metrics.json").read_text())["validation"]["f1"]
     scored = eval_speed.score_export(tiny_run / "final", read_conll(tiny_data["validation"]))

@@ -14,7 +14,6 @@ from conftest import python_module, run_cli, tiny_args
 from ner.data.encode import (
     CASING_SCHEME,
     CASING_TYPES,
-    LEGACY_CASING_SCHEME,
     UNKNOWN_CASE,
     casing_type,
     collate,
@@ -33,7 +32,6 @@ from ner.training.model import build_model, lowercases, takes_token_types, widen
     ("École", 2), ("EU", 3), ("U.S.", 3), ("ÉCOLE", 3), ("NATO-led", 2)])
 def test_casing_type_of_a_word(word, expected):
     assert casing_type(word) == expected
-    assert casing_type(word, LEGACY_CASING_SCHEME) == expected - 1  # exports before "unknown" had a type
 
 
 def test_every_subword_carries_its_words_type_and_specials_carry_none(tiny_bert):
@@ -136,46 +134,6 @@ def test_dropped_windows_get_the_unknown_type_that_a_plain_consumer_passes(tiny_
     assert set(plain["token_type_ids"][0]) == {UNKNOWN_CASE}
 
 
-def legacy_export(cased_run, folder):
-    """`cased_run` as an export from before the scheme was recorded: 3 types (0 no capital, 1 capital first,
-    2 all capitals), no casing_scheme in training_args.json; its 3 rows differ from each other."""
-    import shutil
-
-    from transformers import AutoModelForTokenClassification
-
-    shutil.copytree(cased_run, folder)
-    args = json.loads((folder / "training_args.json").read_text())
-    del args["casing_scheme"]
-    (folder / "training_args.json").write_text(json.dumps(args))
-    model = AutoModelForTokenClassification.from_pretrained(cased_run)
-    embeddings = model.base_model.embeddings
-    with torch.no_grad():
-        rows = embeddings.token_type_embeddings.weight[1:].clone() + torch.arange(3.0)[:, None]
-    embeddings.token_type_embeddings = torch.nn.Embedding(3, rows.shape[1], _weight=rows)
-    model.config.type_vocab_size = 3
-    model.save_pretrained(folder)
-    return folder, rows
-
-
-def test_an_export_without_a_recorded_scheme_is_encoded_in_the_legacy_one(cased_run, tmp_path, monkeypatch):
-    from ner.inference import tagger as infer
-    from ner.inference.tagger import ModelSettings, Tagger
-
-    folder, _ = legacy_export(cased_run, tmp_path / "old")
-    assert ModelSettings.of(folder).casing_scheme == LEGACY_CASING_SCHEME
-    assert ModelSettings.of(cased_run).casing_scheme == CASING_SCHEME
-    seen = []
-    encode = infer.encode_examples
-    monkeypatch.setattr(infer, "encode_examples", lambda *a, **k: seen.extend(encode(*a, **k)) or seen)
-    words = "Ada visited London with IBM .".split()
-    tags, _ = Tagger(folder, precision="no").tag([Example(words, ["O"] * 6, "t")])  # type 3 would not fit
-    assert len(tags[0]) == 6
-    [feature] = seen
-    pieces = [len(Tagger(folder).tokenizer(w, add_special_tokens=False)["input_ids"]) for w in words]
-    legacy = [0, 1, 0, 1, 0, 2, 0, 0]  # as before: [CLS] Ada visited London with IBM . [SEP]
-    assert feature.token_type_ids == [legacy[0]] + [t for t, n in zip(legacy[1:-1], pieces) for _ in range(n)] + [0]
-
-
 def test_an_unknown_recorded_scheme_is_refused(cased_run, tmp_path):
     import shutil
 
@@ -186,24 +144,6 @@ def test_an_unknown_recorded_scheme_is_refused(cased_run, tmp_path):
     (tmp_path / "future" / "training_args.json").write_text(json.dumps({**args, "casing_scheme": "five-types"}))
     with pytest.raises(UserError, match="casing_scheme 'five-types' is not one this version"):
         ModelSettings.of(tmp_path / "future")
-
-
-def test_training_from_a_legacy_export_moves_its_rows_to_their_new_types(cased_run, tmp_path, tiny_data):
-    from ner import train as train_cli
-
-    folder, rows = legacy_export(cased_run, tmp_path / "old")
-    id2label = json.loads((folder / "config.json").read_text())["id2label"]
-    labels = [id2label[str(i)] for i in range(len(id2label))]
-    state = torch.get_rng_state()
-    model = build_model(str(folder), labels, casing_types=True)
-    assert torch.equal(torch.get_rng_state(), state)
-    table = model.base_model.embeddings.token_type_embeddings.weight
-    assert model.config.type_vocab_size == 4  # unknown starts as the old "no capital" row, which dropout used
-    assert [torch.equal(table[new], rows[old]) for new, old in ((0, 0), (1, 0), (2, 1), (3, 2))] == [True] * 4
-    out = tmp_path / "again"
-    assert train_cli.main(tiny_args(folder, tiny_data, out, "--num-epochs", "1")) == 0
-    assert json.loads((out / "final" / "training_args.json").read_text())["casing_scheme"] == CASING_SCHEME
-    assert json.loads((out / "final" / "config.json").read_text())["type_vocab_size"] == 4
 
 
 def test_the_model_cards_plain_transformers_lines_pass_the_types_the_tools_pass(cased_run):

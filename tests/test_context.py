@@ -8,7 +8,7 @@ import json
 import pytest
 from conftest import make_sentences, python_module, read_state, run_cli, tiny_args
 
-from ner.data.examples import read_conll
+from ner.data.conll import read_conll
 from ner.training.checkpoint import list_checkpoints
 
 

@@ -6,17 +6,11 @@ import json
 
 import pytest
 
-from ner.data.examples import (
-    Example,
-    build_label_list,
-    check_known_labels,
-    detect_scheme,
-    read_conll,
-    read_jsonl,
-    to_iob2,
-    to_iobes,
-)
+from ner.data.conll import read_conll
+from ner.data.examples import Example
 from ner.data.formats import read_examples
+from ner.data.jsonl import read_jsonl
+from ner.data.tags import build_label_list, check_known_labels, detect_scheme, to_iob2, to_iobes
 from ner.errors import UserError
 
 

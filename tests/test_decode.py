@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from ner.data.examples import scheme_of_labels, to_iob2, to_iobes
+from ner.data.tags import scheme_of_labels, to_iob2, to_iobes
 from ner.inference.decode import Decoder
 
 LABELS = {
@@ -180,7 +180,7 @@ def test_tags_to_entities_by_characters_or_by_word_indices():
 
 
 def test_entity_types_of_a_label_list():
-    from ner.data.examples import entity_types
+    from ner.data.tags import entity_types
 
     assert entity_types(["O", "B-PER", "I-PER", "S-LOC", "E-MISC", "B-ORG-X"]) == ["LOC", "MISC", "ORG-X", "PER"]
     assert entity_types(["O"]) == []

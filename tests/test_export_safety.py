@@ -321,14 +321,13 @@ def test_overwrite_output_dir_refuses_a_users_file_among_a_runs(export, checkpoi
 
 @pytest.mark.parametrize("users", ["checkpoints/.step_4.tmp-0123abcd", "checkpoints/.notes.new-0123abcd",
                                    "checkpoints/.tmp-step_x", "predictions/.validation.conll.tmp-0123abcd.txt"])
-def test_overwrite_output_dir_removes_a_killed_saves_leftovers_old_names_included(export, checkpoint, tmp_path,
-                                                                                  users):
-    """What a run killed mid-write leaves (ner/files.py's temporary names, and `.tmp-step_N` of older versions)
-    is the run's; a folder of yours that only looks like one is not (ner/files.py makes no such name)."""
+def test_overwrite_output_dir_removes_a_killed_saves_leftovers(export, checkpoint, tmp_path, users):
+    """What a run killed mid-write leaves (ner/files.py's temporary names) is the run's; a folder of yours that
+    only looks like one is not (ner/files.py makes no such name)."""
     out = tmp_path / "run"
     out.mkdir()
     a_finished_run(out, export, checkpoint)
-    for staging in (".step_8.new-0123abcd", ".step_4.old-89abcdef", ".tmp-step_12"):
+    for staging in (".step_8.new-0123abcd", ".step_4.old-89abcdef"):
         (out / "checkpoints" / staging / "model").mkdir(parents=True)
         (out / "checkpoints" / staging / "optimizer.pt").write_bytes(b"half")
     (out / "predictions" / ".validation.conll.tmp-0123abcd.conll").write_text("Ada\tB-PER")
@@ -447,13 +446,13 @@ def test_rotation_keeps_a_checkpoint_that_holds_a_file_of_yours(checkpoint, tmp_
     assert f"{checkpoint}: not rotated" in caplog.text
 
 
-def test_a_save_removes_a_killed_saves_staging_folders_old_names_included(random_model, tmp_path):
-    """Only names a save gives (ner/files.py's for a step_N, or `.tmp-step_N` of older versions) are removed."""
+def test_a_save_removes_a_killed_saves_staging_folders(random_model, tmp_path):
+    """Only names a save gives (ner/files.py's for a step_N) are removed."""
     import torch
     from transformers import AutoModelForTokenClassification, AutoTokenizer
 
     root = tmp_path / "checkpoints"
-    stale = [".step_8.new-0123abcd", ".step_4.old-89abcdef", ".tmp-step_12"]
+    stale = [".step_8.new-0123abcd", ".step_4.old-89abcdef"]
     kept = [".step_4.tmp-0123abcd", ".notes.new-0123abcd", "tmp-step_3"]
     for name in stale + kept:
         (root / name).mkdir(parents=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from conftest import python_module, read_state, run_cli, tiny_args
 
-from ner.data.examples import read_conll
+from ner.data.conll import read_conll
 from ner.training.checkpoint import list_checkpoints
 
 pytestmark = pytest.mark.gpu

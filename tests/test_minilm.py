@@ -58,7 +58,8 @@ def test_every_module_the_readme_names_has_a_working_help(module):
 
 @pytest.mark.skipif(not (SHARED_CONLL / "train.txt").is_file(), reason="CoNLL-2003 not beside the project")
 def test_conll2003_reads_as_iob2_with_its_four_types():
-    from ner.data.examples import build_label_list, detect_scheme, read_conll
+    from ner.data.conll import read_conll
+    from ner.data.tags import build_label_list, detect_scheme
 
     train = read_conll(SHARED_CONLL / "train.txt")
     assert len(train) == 14041 and detect_scheme(train) == "iob2"

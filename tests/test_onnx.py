@@ -14,8 +14,8 @@ import torch
 
 pytest.importorskip("onnxruntime")
 
-from ner.data.encode import CASING_SCHEME, LEGACY_CASING_SCHEME  # noqa: E402
-from ner.data.examples import Example, read_conll  # noqa: E402
+from ner.data.conll import read_conll  # noqa: E402
+from ner.data.examples import Example
 from ner.evaluate import main as evaluate_main  # noqa: E402
 from ner.export import main as export_main  # noqa: E402
 from ner.inference import onnx_export as export_onnx  # noqa: E402
@@ -137,14 +137,12 @@ def test_check_shapes_differ_from_the_traced_batch(exported):
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(exported)
-    batches = export_onnx.check_batches(tokenizer, CASING_SCHEME)
+    batches = export_onnx.check_batches(tokenizer, casing=True)
     shapes = [b["input_ids"].shape for b in batches]
     types = batches[0]["token_type_ids"]  # the traced batch: casing types at each word's subwords
     assert types[0, 1] == 2 and types[7, 1] == 3 and types[4, 2] == 1  # Angela, EU, happened; [CLS] unknown: 0
     assert types[:, 0].tolist() == [0] * len(types)
-    legacy = export_onnx.check_batches(tokenizer, LEGACY_CASING_SCHEME)[0]["token_type_ids"]  # an older export's
-    assert legacy[0, 1] == 1 and legacy[7, 1] == 2 and legacy[4, 2] == 0
-    assert "token_type_ids" not in export_onnx.check_batches(tokenizer, None)[0]
+    assert "token_type_ids" not in export_onnx.check_batches(tokenizer, casing=False)[0]
     assert shapes[0][0] == len(export_onnx.CHECK_SENTENCES) and len(set(shapes)) == len(shapes)
     assert len({shape[1] for shape in shapes}) == len(shapes)  # other batch sizes and other widths
     assert not batches[1]["attention_mask"].all()  # padded rows of different lengths
@@ -282,7 +280,6 @@ class ShapeLog:
     def __init__(self, runtime):
         self.runtime, self.shapes = runtime, []
         self.num_labels, self.device_type = runtime.num_labels, runtime.device_type
-        self.rows_per_forward = runtime.rows_per_forward
 
     def __call__(self, input_ids, attention_mask, token_type_ids=None):
         self.shapes.append(input_ids.shape)
@@ -306,7 +303,6 @@ def test_int8_answer_does_not_depend_on_its_batch_neighbours(exported):
     """int8 quantizes each activation row by row, so a text batched into one forward with other texts gets the
     numbers it gets alone. Byte for byte: entities with scores, and the tag probabilities themselves."""
     tagger = Tagger(exported, runtime="onnx-int8")
-    assert tagger.runtime.rows_per_forward is None  # batched: the independence comes from the per-row scales
     tagger.runtime = ShapeLog(tagger.runtime)
     text = "Shares of Globex rose in Paris after Alan Turing spoke ."
     neighbours = same_width_neighbours(tagger, text)[:6]
@@ -319,21 +315,6 @@ def test_int8_answer_does_not_depend_on_its_batch_neighbours(exported):
     _, probs_alone = tagger.tag(words[-1:])
     _, probs_among = tagger.tag(words)
     assert probs_among[-1].tobytes() == probs_alone[0].tobytes()
-
-
-def test_int8_file_of_per_tensor_scales_runs_one_window_a_forward(exported, tmp_path, caplog):
-    """An int8 file written before per-row scales (no metadata saying so) is not batched, and the log says how
-    to get one that is."""
-    import onnx
-
-    old = tmp_path / "model.int8.onnx"
-    graph = onnx.load(str(exported / "model.int8.onnx"))
-    del graph.metadata_props[:]
-    onnx.save(graph, str(old))
-    with caplog.at_level("WARNING"):
-        assert runtimes.OnnxRuntime(old, 3).rows_per_forward == 1
-    assert "Re-export" in caplog.text and runtimes.EXPORT_COMMAND in caplog.text
-    assert runtimes.OnnxRuntime(exported / "model.int8.onnx", 3).rows_per_forward is None
 
 
 def test_int8_graph_keeps_no_per_tensor_activation_scale(exported):

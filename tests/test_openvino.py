@@ -12,7 +12,8 @@ import pytest
 pytest.importorskip("openvino")
 pytest.importorskip("nncf")
 
-from ner.data.examples import Example, read_conll  # noqa: E402
+from ner.data.conll import read_conll  # noqa: E402
+from ner.data.examples import Example
 from ner.export import main as export_main  # noqa: E402
 from ner.inference import onnx_export  # noqa: E402
 from ner.inference.tagger import Tagger  # noqa: E402

@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from seqeval.metrics import classification_report
 
-from ner.data.examples import build_label_list, read_conll, read_predictions, write_predictions
+from ner.data.conll import read_conll, read_predictions, write_predictions
+from ner.data.tags import build_label_list
 from ner.evaluate import main as evaluate_main
 from ner.metrics import entity_scores
 from ner.plot import main as plot_main

@@ -10,8 +10,10 @@ from pathlib import Path
 import pytest
 from conftest import SHARED_CONLL, python_module, run_cli, tiny_args
 
-from ner.data.examples import SAMPLE_DIR, read_conll, write_jsonl
+from ner.data.conll import read_conll
+from ner.data.examples import SAMPLE_DIR
 from ner.data.formats import detect_format, read_examples
+from ner.data.jsonl import write_jsonl
 from ner.data.spans import span_record
 from ner.errors import UserError
 

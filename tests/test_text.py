@@ -12,7 +12,8 @@ from conftest import ROOT, run_cli
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ner.data.examples import Example, read_conll_documents
+from ner.data.conll import read_conll_documents
+from ner.data.examples import Example
 from ner.data.text import split_whitespace, split_whitespace_punct, split_words
 
 # (text, its words): accents composed and decomposed, curly quotes, emoji, CJK, odd spaces, invisible characters.

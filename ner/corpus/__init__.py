@@ -11,6 +11,5 @@ in chunks, resumable, in input order, over any number of processes. Imports infe
 """
 
 from ner.corpus.ray_data import RayTagger
-from ner.corpus.tagging import add_corpus_arguments, tag_corpus
 
-__all__ = ["RayTagger", "add_corpus_arguments", "tag_corpus"]
+__all__ = ["RayTagger"]

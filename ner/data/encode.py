@@ -35,26 +35,23 @@ if TYPE_CHECKING:
 IGNORE_INDEX = -100
 # The batch keys the model takes (token_type_ids only with casing types); the rest are bookkeeping.
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
-# --casing types: each word's case as a token type. The export's training_args.json names its scheme
-# (casing_scheme) so that it is read the way it was trained; an export without the key has the legacy one.
+# --casing types: each word's case as a token type. The export's training_args.json names the scheme
+# (casing_scheme), so that a version of ner that numbers the types otherwise refuses it instead of misreading it.
 UNKNOWN_CASE = 0  # case not given: what a plain transformers consumer passes, [CLS]/[SEP]/padding, casing dropout
 CASING_SCHEME = "unknown-lower-capitalised-capitals"  # 0 unknown, 1 no capital, 2 capital first, 3 all capitals
-LEGACY_CASING_SCHEME = "lower-capitalised-capitals"  # exports before it: 0 no capital (and unknown), 1, 2
-CASING_SCHEMES = {CASING_SCHEME: 4, LEGACY_CASING_SCHEME: 3}  # scheme -> token types (rows of the table)
-CASING_TYPES = CASING_SCHEMES[CASING_SCHEME]
+CASING_TYPES = 4  # the rows of the token-type table
 
 
-def casing_type(word: str, scheme: str = CASING_SCHEME) -> int:
+def casing_type(word: str) -> int:
     """A word's case as a token type, for encoders that lower-case their input and so never see it: no capital
     letter (lower case, digits, punctuation), a capital first letter, all capitals (two letters or more).
-    The current scheme numbers them 1, 2, 3, keeping 0 for "unknown" (a plain `pipeline` passes 0 everywhere);
-    the legacy scheme numbers them 0, 1, 2."""
+    They are numbered 1, 2, 3, keeping 0 for "unknown" (a plain `pipeline` passes 0 everywhere)."""
     letters = [c for c in word if c.isalpha()]
     if not letters or not letters[0].isupper():
         case = 0
     else:
         case = 2 if len(letters) >= 2 and all(c.isupper() for c in letters) else 1
-    return case + 1 if scheme == CASING_SCHEME else case
+    return case + 1
 
 
 @dataclass
@@ -146,10 +143,8 @@ def runs_of(examples: list[Example], by_document: bool) -> list[range]:
 
 def encode_examples(examples: list[Example], tokenizer, label2id: dict[str, int], max_seq_length: int,
                     stride_words: int = 0, label_all_subwords: bool = False, context: bool = False,
-                    context_tokens: int = 0, casing: bool = False, chunk_size: int = 2048,
-                    casing_scheme: str = CASING_SCHEME) -> list[Feature]:
-    """Tokenise once (in chunks, through the fast tokenizer) and cut windows; `casing`: casing types too, in
-    `casing_scheme` (an export's own, from its training_args.json)."""
+                    context_tokens: int = 0, casing: bool = False, chunk_size: int = 2048) -> list[Feature]:
+    """Tokenise once (in chunks, through the fast tokenizer) and cut windows; `casing`: casing types too."""
     budget = max_seq_length - 2  # [CLS] and [SEP]
     continuation = _continuation_labels(label2id) if label_all_subwords else None
     pieces: list[list[int]] = []
@@ -160,7 +155,7 @@ def encode_examples(examples: list[Example], tokenizer, label2id: dict[str, int]
     tag_ids = [label2id.get(tag, IGNORE_INDEX) for e in examples for tag in e.tags]
     offsets = np.cumsum([0] + [len(e.words) for e in examples]).tolist()
     word_example = np.repeat(np.arange(len(examples)), np.diff(offsets)).tolist()
-    casing_types = [casing_type(w, casing_scheme) for e in examples for w in e.words] if casing else None
+    casing_types = [casing_type(w) for e in examples for w in e.words] if casing else None
     features: list[Feature] = []
     for run in runs_of(examples, context):
         first, last = offsets[run.start], offsets[run.stop]

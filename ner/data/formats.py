@@ -5,7 +5,7 @@
     examples = read_examples("export.json", data_format="label-studio", span_alignment="expand")
 
 A folder is a `datasets` save_to_disk folder; a file's format is found from its first bytes (`detect_format`)
-or named with --data-format: CoNLL, JSON lines of words and tags (ner/data/examples.py), or character spans over
+or named with --data-format: CoNLL, JSON lines of words and tags (ner/data/conll.py, jsonl.py), or character spans over
 raw text from annotation tools (ner/data/span_files.py, aligned by spans.py). This module imports both readers,
 so that neither imports the other (docs/data_formats.md describes the formats).
 """
@@ -18,15 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ner.data import span_files, spans
-from ner.data.examples import (
-    Columns,
-    Example,
-    convert_scheme,
-    detect_scheme,
-    read_conll,
-    read_hf_dataset,
-    read_jsonl,
-)
+from ner.data.conll import read_conll
+from ner.data.examples import Columns, Example
+from ner.data.hf_datasets import read_hf_dataset
+from ner.data.jsonl import read_jsonl
+from ner.data.tags import convert_scheme, detect_scheme
 from ner.errors import UserError
 
 log = logging.getLogger("ner")

@@ -19,9 +19,11 @@ from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 
-from ner.data.examples import Columns, jsonl_records, read_utf8
+from ner.data.examples import Columns
+from ner.data.jsonl import jsonl_records
 from ner.data.spans import SPAN_HELP, SPAN_KEYS, Span, SpanRecord
 from ner.data.text import Word
+from ner.data.text_files import read_utf8
 from ner.errors import UserError, at
 
 log = logging.getLogger("ner")

@@ -9,7 +9,7 @@ cost). It only masks transitions, so wherever argmax is already valid the two ag
     IOBES  B-X and I-X go on to I-X or E-X; E-X, S-X and O go on to O, B-* or S-*; a sentence
            starts with O, B-* or S-* and ends with O, E-* or S-*.
     IOB    IOB1 or IOB2, not known which (a model folder without training_args.json whose labels fit
-           both, see data.scheme_of_labels): every sequence is allowed, so Viterbi is argmax.
+           both, see data.tags.scheme_of_labels): every sequence is allowed, so Viterbi is argmax.
 
 A label set can leave no valid sequence at all (an IOBES set without O whose type lacks E-/S-, an
 IOB1 set of B- labels only): such sentences are tagged by argmax, logged once per call, and counted
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ner.data.examples import split_tag
+from ner.data.tags import split_tag
 
 log = logging.getLogger("ner")
 
@@ -79,7 +79,7 @@ def viterbi(log_probs: np.ndarray, masks: tuple[np.ndarray, np.ndarray, np.ndarr
 @dataclass
 class Decoder:
     labels: tuple[str, ...]  # by label id
-    scheme: str  # iob1 | iob2 | iobes | iob (either IOB; see data.scheme_of_labels)
+    scheme: str  # iob1 | iob2 | iobes | iob (either IOB; see data.tags.scheme_of_labels)
     method: str = "viterbi"  # or argmax
     # sentences tagged by argmax because the labels allow no valid sequence, over this decoder's life
     fallback_sentences: int = field(default=0, init=False, compare=False)

@@ -26,7 +26,7 @@ import torch
 from ner.data.encode import UNKNOWN_CASE, casing_type, model_inputs
 from ner.errors import UserError
 from ner.files import staged_file
-from ner.inference.runtime import ACTIVATION_SCALES, ONNX_FILES, onnx_session
+from ner.inference.runtime import ONNX_FILES, onnx_session
 from ner.inference.tagger import ModelSettings
 
 MAX_LOGIT_DIFF = 1e-3
@@ -69,8 +69,7 @@ def write_onnx(model_dir: Path, quantize: str | None = None, calibrate: Path | N
     # graph 1.1x faster, fp32 and int8 alike (docs/performance.md)
     model = AutoModelForTokenClassification.from_pretrained(model_dir, attn_implementation="eager").eval()
     settings = ModelSettings.of(model_dir)
-    batches = check_batches(AutoTokenizer.from_pretrained(model_dir),
-                            settings.casing_scheme if settings.casing == "types" else None)
+    batches = check_batches(AutoTokenizer.from_pretrained(model_dir), casing=settings.casing == "types")
     with torch.no_grad():
         references = [model(**{k: torch.from_numpy(v) for k, v in model_inputs(b).items()}).logits.numpy()
                       for b in batches]
@@ -108,14 +107,13 @@ def write_static_int8(model_dir: Path, calibrate: Path, batches: list[dict[str, 
     return {f"static_{key}": value for key, value in measured.items()}
 
 
-def check_batches(tokenizer, casing_scheme: str | None) -> list[dict[str, np.ndarray]]:
+def check_batches(tokenizer, casing: bool) -> list[dict[str, np.ndarray]]:
     """The traced batch (all CHECK_SENTENCES, padded to the longest), then one batch per CHECK_SHAPES,
-    each with `first_subwords`: True where a word's first subword is (and casing types in `casing_scheme`,
-    the export's, unless None)."""
+    each with `first_subwords`: True where a word's first subword is (and, with `casing`, casing types)."""
     rows = [sentence.split() for sentence in CHECK_SENTENCES]
     traced = tokenizer(rows, is_split_into_words=True, padding=True, return_tensors="np",
                        return_token_type_ids=False)
-    batches = [with_first_subwords(traced, rows, casing_scheme)]
+    batches = [with_first_subwords(traced, rows, casing)]
     for picked in CHECK_SHAPES:
         chosen = [rows[i] for i in picked]
         longest = max(len(tokenizer(r, is_split_into_words=True)["input_ids"]) for r in chosen)
@@ -124,24 +122,24 @@ def check_batches(tokenizer, casing_scheme: str | None) -> list[dict[str, np.nda
             width += 1
         encoded = tokenizer(chosen, is_split_into_words=True, padding="max_length", max_length=width,
                             return_tensors="np", return_token_type_ids=False)
-        batches.append(with_first_subwords(encoded, chosen, casing_scheme))
+        batches.append(with_first_subwords(encoded, chosen, casing))
     return batches
 
 
-def with_first_subwords(encoded, rows: list[list[str]], casing_scheme: str | None) -> dict[str, np.ndarray]:
+def with_first_subwords(encoded, rows: list[list[str]], casing: bool) -> dict[str, np.ndarray]:
     first = np.zeros(encoded["input_ids"].shape, dtype=bool)
     types = np.full(encoded["input_ids"].shape, UNKNOWN_CASE, dtype=np.int64)
     for i, words in enumerate(rows):
         seen = set()
         for j, word in enumerate(encoded.word_ids(i)):
             if word is not None:
-                types[i, j] = casing_type(words[word], casing_scheme)
+                types[i, j] = casing_type(words[word])
             if word is not None and word not in seen:
                 first[i, j] = True
                 seen.add(word)
     batch = {"input_ids": encoded["input_ids"].astype(np.int64),
              "attention_mask": encoded["attention_mask"].astype(np.int64), "first_subwords": first}
-    return batch if casing_scheme is None else {**batch, "token_type_ids": types}
+    return {**batch, "token_type_ids": types} if casing else batch
 
 
 def export_graph(model: torch.nn.Module, inputs: dict[str, np.ndarray], path: Path) -> None:
@@ -172,8 +170,6 @@ def quantize_int8(source: Path, target: Path) -> None:
         root.setLevel(level)
     graph = onnx.load(str(target))
     rows_own_scales(graph)
-    key, per_row = ACTIVATION_SCALES
-    graph.metadata_props.add(key=key, value=per_row)  # the runtime batches this file (runtime.forward_rows_limit)
     onnx.save(graph, str(target))
 
 

@@ -48,7 +48,6 @@ def openvino_precision(requested: str, capabilities: list[str]) -> str:
 class OpenVinoRuntime:
     """A compiled OpenVINO model on the CPU: one stream of one thread per thread the process may use."""
 
-    rows_per_forward: int | None = None
     device_type = "cpu"  # what runs the passes: picks the default batch budget (options.inference_budget)
     threads_per_forward = 1  # see the module's docstring
 

@@ -9,17 +9,14 @@ stream of collated batches, in order; windows, document context, merging and dec
 ner/inference/tagger.py, so every runtime tags the same way.
 
 On a CPU, torch runs every forward pass on one thread and several passes at once, one per thread it may use
-(`TorchRuntime.map`). A CPU kernel picks its blocking, and so its summation order, by the threads it has as
-well as by the shape: oneDNN's bf16 GEMMs on AMX gave other logits for one 128-token window on 1 thread than
-on 2. One thread a pass makes a window's numbers a function of its pass's shape alone, so 1 process x 2
-threads and 2 processes x 1 thread write the same bytes, in every precision (docs/performance.md).
+(`TorchRuntime.map`): a CPU kernel picks its blocking, and so its summation order, by its threads as well as by
+the shape (oneDNN's bf16 GEMMs on AMX give other logits for one 128-token window on 1 thread than on 2), so one
+thread a pass makes a window's numbers a function of its pass's shape alone: 1 process x 2 threads and
+2 processes x 1 thread write the same bytes, in every precision (docs/performance.md). The int8 file
+quantizes each activation row by row (ner/inference/onnx_export.py: rows_own_scales), so it batches as fp32 does.
 
 The ONNX runtimes never import torch (nor does the rest of the path they take), so a deployment needs neither
 torch nor its start-up.
-`rows_per_forward`: how many windows one forward may hold (None: as many as the batch plan gives). An int8
-file quantizes each activation row by row (ner/inference/onnx_export.py: rows_own_scales), so it batches like fp32; an
-int8 file written before that scales each activation by its whole tensor's range, so a window's numbers
-would depend on its neighbours and the padding: it runs one window per forward (and says to re-export).
 """
 
 from __future__ import annotations
@@ -83,12 +80,10 @@ def in_order(runtime, batches: Iterable[Batch]) -> Iterator[tuple[Batch, np.ndar
 class TorchRuntime:
     """The PyTorch model on its device, under the given autocast; float32 logits back on the CPU."""
 
-    rows_per_forward: int | None = None
-
     def __init__(self, model: torch.nn.Module, device: torch.device, autocast: Callable) -> None:
         self.model, self.device, self.autocast = model, device, autocast
         self.num_labels = model.config.num_labels
-        self.device_type = device.type  # what runs the passes: picks the default batch budget (ner.training.config)
+        self.device_type = device.type  # picks the default batch budget (options.inference_budget)
         self.threads_per_forward = 1 if device.type == "cpu" else None  # see the module's docstring
         self._pool: ThreadPoolExecutor | None = None
         self._pool_workers = 0
@@ -128,14 +123,12 @@ class TorchRuntime:
 
 class OnnxRuntime:
     """An onnxruntime session over model.onnx or model.int8.onnx, on the CUDA provider where `device_type`
-    is "cuda" and onnxruntime has that provider, else on the CPU. An int8 file of before per-row scales: one
-    window per forward (see above)."""
+    is "cuda" and onnxruntime has that provider, else on the CPU."""
 
     def __init__(self, path: Path, num_labels: int, device_type: str = "cpu"):
         self.session = onnx_session(path, device_type)
         self.num_labels = num_labels
         self.device_type = onnx_runs_on(device_type)  # what runs the passes: picks the default batch budget
-        self.rows_per_forward = forward_rows_limit(path, self.session.get_modelmeta().custom_metadata_map)
 
     def __call__(self, input_ids: np.ndarray, attention_mask: np.ndarray,
                  token_type_ids: np.ndarray | None = None) -> np.ndarray:
@@ -153,22 +146,6 @@ def onnx_path(model_dir: Path, runtime: str) -> Path:
     if not path.is_file():
         raise UserError(f"{path}: not found; --runtime {runtime} needs an ONNX export: {EXPORT_COMMAND}")
     return path
-
-
-# The int8 file's metadata key and value: its activations are quantized row by row (inference/onnx_export.py)
-ACTIVATION_SCALES = ("ner.int8_activation_scales", "per-row")
-
-
-def forward_rows_limit(path: Path, metadata: dict[str, str]) -> int | None:
-    """None (batch freely) unless `path` is an int8 file without per-row activation scales: then 1, since its
-    scales are taken over the whole batch tensor, and the user is told how to get the batched file."""
-    key, per_row = ACTIVATION_SCALES
-    if path.name != ONNX_FILES["onnx-int8"] or metadata.get(key) == per_row:
-        return None
-    log.warning("%s: written by an older ner.export with one activation scale per batch; it runs one window "
-                "per forward so that answers do not depend on the batch (slower). Re-export for per-row scales: "
-                "%s", path, EXPORT_COMMAND)
-    return 1
 
 
 def onnx_device_type(device: str | None) -> str:

@@ -28,8 +28,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ner.data.encode import (
-    CASING_SCHEMES,
-    LEGACY_CASING_SCHEME,
+    CASING_SCHEME,
     Feature,
     collate,
     encode_examples,
@@ -37,7 +36,8 @@ from ner.data.encode import (
     merge_predictions,
     owned_positions,
 )
-from ner.data.examples import Example, scheme_of_labels
+from ner.data.examples import Example
+from ner.data.tags import scheme_of_labels
 from ner.data.text import Word, split_words
 from ner.data.tokenizer import load_tokenizer
 from ner.errors import UserError
@@ -142,7 +142,7 @@ class ModelSettings:
     context: str = "none"  # document | none, as resolved at training
     context_tokens: int = 0
     casing: str = "none"  # types | none, as resolved at training
-    casing_scheme: str = LEGACY_CASING_SCHEME  # recorded since type 0 means "unknown"; absent: an older export
+    casing_scheme: str = CASING_SCHEME  # recorded, so that a scheme of a newer version is refused
     tag_scheme: str | None = None
     decode: str = "viterbi"
     min_score: str | None = None
@@ -155,9 +155,9 @@ class ModelSettings:
         saved = json.loads(path.read_text(encoding="utf-8"))
         names = [f.name for f in dataclasses.fields(cls)]
         settings = cls(**{name: saved[name] for name in names if saved.get(name) is not None})
-        if settings.casing == "types" and settings.casing_scheme not in CASING_SCHEMES:
+        if settings.casing == "types" and settings.casing_scheme != CASING_SCHEME:
             raise UserError(f"{path}: casing_scheme {settings.casing_scheme!r} is not one this version of ner "
-                            f"knows ({', '.join(CASING_SCHEMES)}); a newer version wrote it")
+                            f"knows ({CASING_SCHEME}); a newer version wrote it")
         return settings
 
 
@@ -289,8 +289,7 @@ class Tagger:
         placeholder = {label: 0 for label in {t for e in examples for t in e.tags}}
         return encode_examples(examples, self.tokenizer, placeholder, self.max_seq_length,
                                self.settings.window_stride_words, context=self.uses_context(examples),
-                               context_tokens=self.settings.context_tokens, casing=self.settings.casing == "types",
-                               casing_scheme=self.settings.casing_scheme)
+                               context_tokens=self.settings.context_tokens, casing=self.settings.casing == "types")
 
     def tag(self, examples: list[Example], max_sentences: int | None = None, max_tokens: int | None = None,
             progress: Progress = no_progress) -> tuple[list[list[str]], list[np.ndarray]]:
@@ -298,8 +297,7 @@ class Tagger:
         given: the default of the device the runtime runs on (options.inference_budget)."""
         max_sentences, max_tokens = inference_budget(self.runtime.device_type, max_sentences, max_tokens)
         features = self.encode(examples)
-        rows = min(max_sentences, self.runtime.rows_per_forward or max_sentences)  # an old int8 file: one a forward
-        features, batches = fixed_shape_plan(features, self.pad_to_multiple_of, rows, max_tokens)
+        features, batches = fixed_shape_plan(features, self.pad_to_multiple_of, max_sentences, max_tokens)
         word_ids, scores = predict_word_scores(self.runtime, features, batches, self.tokenizer.pad_token_id,
                                                progress, self.pad_to_multiple_of)
         tags, probabilities = self.decoder(merge_predictions(examples, word_ids, scores))

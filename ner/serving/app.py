@@ -17,7 +17,7 @@ def health_info(tagger, model_dir: Path) -> dict:
     """What /health reports: the folder, the encoder it was fine-tuned from, the labels and entity types."""
     import json
 
-    from ner.data.examples import entity_types
+    from ner.data.tags import entity_types
 
     labels = [tagger.id2label[i] for i in sorted(tagger.id2label)]
     args_file = model_dir / "training_args.json"

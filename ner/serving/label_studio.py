@@ -184,7 +184,7 @@ class Backend:
 
     def swap(self, tagger, model_dir: Path, version: str) -> None:
         """Serve a fully loaded `tagger` from now on; on the event loop, so no request sees half of it."""
-        from ner.data.examples import entity_types
+        from ner.data.tags import entity_types
 
         self.on_swap(tagger, Path(model_dir))
         self.model_dir, self.version = Path(model_dir), version

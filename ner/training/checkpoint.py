@@ -45,7 +45,6 @@ TRACKERS = "trackers"  # OUTPUT_DIR/trackers/: the --report-to trackers' local f
 TRACKER_RECORD = ".ner-trackers.json"  # in trackers/: every path the trackers wrote there
 MANIFEST = "manifest.json"
 CHECKPOINT_NAME = re.compile(r"step_\d+")
-LEGACY_STAGING_NAME = re.compile(r"\.tmp-step_\d+")  # a save's folder before ner/files.py named it: still ours
 STATE = "trainer_state.json"
 # Options that may differ on resume. Most change where output goes or how often, not the math.
 # Two change the run's length: with a new --max-steps / --num-epochs the learning-rate schedule
@@ -146,9 +145,9 @@ def stale_folders(root: Path) -> list[Path]:
 
 def is_staging_name(name: str) -> bool:
     """A name a save gives a folder in checkpoints/ while it works: ner/files.py's temporary names of a step_<N>
-    (being filled, or a superseded copy moved aside), or the `.tmp-step_<N>` of versions before."""
+    (being filled, or a superseded copy moved aside)."""
     final = temporary_of(name, roles=("new", "old"))
-    return bool(final is not None and CHECKPOINT_NAME.fullmatch(final)) or bool(LEGACY_STAGING_NAME.fullmatch(name))
+    return final is not None and bool(CHECKPOINT_NAME.fullmatch(final))
 
 
 def verify(folder: Path) -> str | None:

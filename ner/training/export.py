@@ -11,7 +11,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from ner.data.examples import entity_types
+from ner.data.tags import entity_types
 from ner.errors import UserError
 from ner.files import sha256_file, staged_folder
 from ner.inference.analysis import format_errors_markdown

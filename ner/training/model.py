@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForTokenClassification, get_scheduler
 
-from ner.data.encode import CASING_SCHEMES, CASING_TYPES, LEGACY_CASING_SCHEME
+from ner.data.encode import CASING_TYPES
 from ner.data.tokenizer import load_tokenizer
 from ner.errors import UserError
 from ner.training.config import DEFAULT_MODEL
@@ -102,7 +102,7 @@ def build_model(name: str, label_list: list[str], trust_remote_code: bool = Fals
     if headed:
         keep_head_rows(model, load_head(path, trust_remote_code), source.id2label, label_list, name)
     if casing_types:
-        fit_token_types(model, path)
+        fit_token_types(model)
     return model
 
 
@@ -185,32 +185,11 @@ def restart_head(model: torch.nn.Module, head: torch.nn.Linear) -> None:
             head.bias.copy_(blank.bias)
 
 
-# The legacy row each current casing type starts from, for an export trained in the legacy scheme: lower,
-# capitalised and capitals move up one; unknown starts as legacy 0, which casing dropout gave unknown case there.
-LEGACY_TYPE_ROWS = (0, 0, 1, 2)
-
-
-def fit_token_types(model: torch.nn.Module, path: str) -> None:
-    """Room for the current casing types. A table that has them (an export of ours) is kept; one of our exports
-    in the legacy scheme keeps its learnt rows, moved to their new types; any other table widens from type 0."""
-    rows = getattr(model.config, "type_vocab_size", 0)
-    if rows >= CASING_TYPES:
-        return
-    if rows == CASING_SCHEMES[LEGACY_CASING_SCHEME] and legacy_casing_export(path):
-        copy_token_type_rows(model, LEGACY_TYPE_ROWS)
-    else:
+def fit_token_types(model: torch.nn.Module) -> None:
+    """Room for the casing types: a table that has them (an export of ours) is kept, a smaller one widens from
+    type 0."""
+    if getattr(model.config, "type_vocab_size", 0) < CASING_TYPES:
         widen_token_types(model, CASING_TYPES)
-
-
-def legacy_casing_export(path: str) -> bool:
-    """One of our exports trained with casing types before the scheme was recorded (training_args.json)."""
-    from ner.inference.tagger import ModelSettings
-
-    folder = Path(path)
-    if not folder.is_dir():
-        return False
-    settings = ModelSettings.of(folder)
-    return settings.casing == "types" and settings.casing_scheme == LEGACY_CASING_SCHEME
 
 
 def widen_token_types(model: torch.nn.Module, count: int) -> None:

@@ -11,7 +11,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, MaxNLocator
 
-from ner.data.examples import read_predictions
+from ner.data.conll import read_predictions
 from ner.errors import UserError
 from ner.files import staged_file
 from ner.inference.analysis import NO_ENTITY, OVERALL, confusion_counts  # noqa: F401 (NO_ENTITY: for callers of ner.plot)

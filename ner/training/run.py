@@ -21,9 +21,11 @@ from torch.utils.data import DataLoader
 
 from ner.backends import Backend
 from ner.data.batching import TokenBudgetBatchSampler
+from ner.data.conll import write_predictions
 from ner.data.encode import cached_encode, collate_tensors, drop_casing, padded_lengths
-from ner.data.examples import Columns, build_label_list, check_known_labels, has_documents, write_predictions
+from ner.data.examples import Columns, has_documents
 from ner.data.formats import Splits, load_splits
+from ner.data.tags import build_label_list, check_known_labels
 from ner.errors import UserError, log_to_stderr
 from ner.files import temporary_of
 from ner.inference.analysis import entity_errors, format_errors

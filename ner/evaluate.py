@@ -156,5 +156,6 @@ def main(argv: list[str] | None = None) -> int:
             print(path)
     return 0
 
+
 if __name__ == "__main__":
     sys.exit(main())

@@ -131,8 +131,6 @@ def evaluate(model: torch.nn.Module, eval_set: EvalSet, backend: Backend, pad_to
     return entity_scores([e.tags for e in eval_set.examples], predicted, decoder.scheme)
 
 
-
-
 @dataclass(frozen=True)
 class ModelSettings:
     """How an export was trained, so inference encodes and decodes the same way (training_args.json)."""
@@ -185,8 +183,6 @@ def model_labels(config: dict) -> dict[int, str]:
     if named:
         return {int(k): v for k, v in named.items()}
     return {i: f"LABEL_{i}" for i in range(int(config.get("num_labels", 2)))}
-
-
 
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.onnx")

@@ -53,8 +53,6 @@ def flatten_record(record: dict) -> dict:
     return flat
 
 
-
-
 def trainer_state(cfg, state: TrainState, data, world_size: int) -> dict:
     """Everything a checkpoint needs besides tensors, JSON-safe."""
     return {"train_state": state.to_dict(), "config": cfg.to_dict(), "label_list": data.label_list,

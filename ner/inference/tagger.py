@@ -169,7 +169,7 @@ def max_positions(config: dict, tokenizer) -> int | None:
     return stated
 
 
-def read_json(path: Path) -> dict:
+def read_model_json(path: Path) -> dict:
     """A model folder's JSON file; unreadable: a one-line error."""
     try:
         return json.loads(path.read_text(encoding="utf-8"))
@@ -224,7 +224,7 @@ class Tagger:
         if runtime not in RUNTIMES:
             raise UserError(f"--runtime {runtime}: expected one of {', '.join(RUNTIMES)}")
         self.tokenizer = load_tokenizer(model_dir, as_saved=True)  # the pieces the model was trained on
-        config = read_json(model_dir / "config.json")  # not AutoConfig: it imports torch (transformers 5)
+        config = read_model_json(model_dir / "config.json")  # not AutoConfig: it imports torch (transformers 5)
         self.id2label = model_labels(config)
         self.runtime_name = runtime
         self.runtime = self._load_runtime(model_dir, len(self.id2label), device, precision)

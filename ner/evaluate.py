@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
                   "scheme": scheme, **scores, **analysis, "worst": to_json(examples, predicted, worst)}
         args.json.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     if args.plots is not None:
-        from ner.training.plots import write_evaluation_plots
+        from ner.inference.analysis_plots import write_evaluation_plots
 
         args.plots.mkdir(exist_ok=True)
         for path in write_evaluation_plots(analysis, args.plots, on=args.file.name):

@@ -159,7 +159,8 @@ def legacy_export(cased_run, folder):
 
 def test_an_export_without_a_recorded_scheme_is_encoded_in_the_legacy_one(cased_run, tmp_path, monkeypatch):
     from ner.inference import tagger as infer
-    from ner.inference.tagger import ModelSettings, Tagger
+    from ner.inference.model_folder import ModelSettings
+    from ner.inference.tagger import Tagger
 
     folder, _ = legacy_export(cased_run, tmp_path / "old")
     assert ModelSettings.of(folder).casing_scheme == LEGACY_CASING_SCHEME
@@ -179,7 +180,7 @@ def test_an_export_without_a_recorded_scheme_is_encoded_in_the_legacy_one(cased_
 def test_an_unknown_recorded_scheme_is_refused(cased_run, tmp_path):
     import shutil
 
-    from ner.inference.tagger import ModelSettings
+    from ner.inference.model_folder import ModelSettings
 
     shutil.copytree(cased_run, tmp_path / "future")
     args = json.loads((tmp_path / "future" / "training_args.json").read_text())

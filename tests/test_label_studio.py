@@ -19,7 +19,7 @@ httpx = pytest.importorskip("httpx")
 
 from fastapi.testclient import TestClient  # noqa: E402
 
-from ner.inference.tagger import model_version  # noqa: E402
+from ner.inference.model_folder import model_version  # noqa: E402
 from ner.serving.app import create_app  # noqa: E402
 from ner.serving.label_studio import ConfigError, Target, map_types, parse_label_config  # noqa: E402
 from ner.serving.requests import Limits  # noqa: E402

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ner.data.spans import label_studio_prediction
-from ner.inference.tagger import model_version
+from ner.inference.model_folder import model_version
 from ner.serving.requests import Limits, check_texts, read_body
 from ner.serving.retrain import SESSION_ENV, Retrainer, RetrainOptions
 

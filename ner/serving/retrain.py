@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ner.errors import UserError
 from ner.files import atomic_write_text
-from ner.inference.tagger import model_version
+from ner.inference.model_folder import model_version
 
 log = logging.getLogger("ner.serving.retrain")
 

@@ -19,10 +19,10 @@ import torch
 from tqdm.auto import tqdm
 
 from ner.backends import Backend
-from ner.inference.tagger import predict_tags
 from ner.metrics import best_evaluation, entity_scores, format_scores
 from ner.testing import inject_fault
 from ner.training import checkpoint as ckpt
+from ner.training.evaluation import predict_tags
 from ner.training.loop import TrainState, UnreadUpdates, UpdateRecord
 
 log = logging.getLogger("ner")

@@ -198,7 +198,7 @@ def fit_token_types(model: torch.nn.Module, path: str) -> None:
 
 def legacy_casing_export(path: str) -> bool:
     """One of our exports trained with casing types before the scheme was recorded (training_args.json)."""
-    from ner.inference.tagger import ModelSettings
+    from ner.inference.model_folder import ModelSettings
 
     folder = Path(path)
     if not folder.is_dir():

@@ -46,7 +46,7 @@ def side_by_side(gold: list[str], predicted: list[str]) -> list[Match]:
     return match_entities(get_entities(gold), get_entities(predicted))
 
 
-def entity_errors(gold: list[str], predicted: list[str]) -> int:
+def count_entity_errors(gold: list[str], predicted: list[str]) -> int:
     """False negatives + false positives of one sentence."""
     gold_spans, pred_spans = set(get_entities(gold)), set(get_entities(predicted))
     return len(gold_spans ^ pred_spans)
@@ -54,7 +54,7 @@ def entity_errors(gold: list[str], predicted: list[str]) -> int:
 
 def worst_sentences(examples: list[Example], predicted: list[list[str]], count: int) -> list[int]:
     """Indices of the `count` sentences with the most entity errors (none without errors)."""
-    errors = [entity_errors(e.tags, p) for e, p in zip(examples, predicted, strict=True)]
+    errors = [count_entity_errors(e.tags, p) for e, p in zip(examples, predicted, strict=True)]
     ranked = sorted(range(len(examples)), key=lambda i: (-errors[i], len(examples[i].words), i))
     return [i for i in ranked[:count] if errors[i] > 0]
 
@@ -70,7 +70,7 @@ def format_sentence(rank: int, example: Example, predicted: list[str]) -> str:
     cells = [(_describe(example.words, r.gold), _describe(example.words, r.predicted), PROBLEM[r.kind]) for r in rows]
     width = max([len("gold")] + [len(c[0]) for c in cells])
     pred_width = max([len("predicted")] + [len(c[1]) for c in cells])
-    lines = [f"#{rank}  {where}  ({entity_errors(example.tags, predicted)} entity errors)", text,
+    lines = [f"#{rank}  {where}  ({count_entity_errors(example.tags, predicted)} entity errors)", text,
              f"      {'gold':<{width}} | predicted"]
     for gold_text, pred_text, problem in cells:
         mark = "x" if problem else " "
@@ -85,7 +85,7 @@ def to_json(examples: list[Example], predicted: list[list[str]], worst: list[int
         return {"text": " ".join(words[span[1]:span[2] + 1]), "type": span[0], "start": span[1], "end": span[2] + 1}
 
     return [{"source": e.source, "line": e.lines[0] if e.lines else None, "words": e.words,
-             "errors": entity_errors(e.tags, predicted[i]),
+             "errors": count_entity_errors(e.tags, predicted[i]),
              "rows": [{"gold": entity(e.words, r.gold), "predicted": entity(e.words, r.predicted),
                        "problem": PROBLEM[r.kind] or None} for r in side_by_side(e.tags, predicted[i])]}
             for i in worst for e in [examples[i]]]
@@ -150,12 +150,13 @@ def main(argv: list[str] | None = None) -> int:
                   "scheme": scheme, **scores, **analysis, "worst": to_json(examples, predicted, worst)}
         args.json.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     if args.plots is not None:
-        from ner.training.plots import write_evaluation_plots
+        from ner.inference.analysis_plots import write_evaluation_plots
 
         args.plots.mkdir(exist_ok=True)
         for path in write_evaluation_plots(analysis, args.plots, on=args.file.name):
             print(path)
     return 0
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -44,8 +44,10 @@ from ner.data.spans import SPAN_HELP, entities_record, label_studio_task, span_r
 from ner.data.tags import check_known_labels
 from ner.data.text import split_whitespace
 from ner.errors import UserError, cli
+from ner.inference.entities import entities, word_positions
+from ner.inference.model_folder import model_version
 from ner.inference.options import add_inference_arguments
-from ner.inference.tagger import Tagger, entities, model_version, word_positions
+from ner.inference.tagger import Tagger
 
 RAW_HELP = ("raw text (the default): each line is one text; entities carry character offsets "
             "(text == line[start:end])")

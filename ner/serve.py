@@ -155,6 +155,7 @@ def app_factory():
         log.error("error: %s", exc)
         sys.exit(3)
     # a dead batcher ends this worker with status 1 (uvicorn's supervisor starts another): /health said 503
+
     def exit_failed(reason: str) -> None:
         app.state.metrics.process_ended()  # its queue gauge leaves the sum
         os._exit(1)

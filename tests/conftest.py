@@ -16,7 +16,6 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED_CONLL = ROOT.parent / "shared" / "data" / "conll2003"
 
 
-
 @pytest.fixture(scope="session", autouse=True)
 def private_tokenization_cache(tmp_path_factory) -> Path:
     """Tests never write the user's cache: `--tokenization-cache auto` and every subprocess use a temporary one."""

@@ -19,6 +19,7 @@ from ner.inference.analysis import (
     Match,
     Scored,
     calibration,
+    confusion_counts,
     error_kinds,
     lowest_threshold,
     macro_f1,
@@ -28,7 +29,6 @@ from ner.inference.analysis import (
     sentence_spans,
 )
 from ner.metrics import entity_scores
-from ner.training.plots import confusion_counts
 
 nervaluate = pytest.importorskip("nervaluate")  # the test extra; the package itself does not need it
 

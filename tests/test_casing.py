@@ -137,7 +137,7 @@ def test_dropped_windows_get_the_unknown_type_that_a_plain_consumer_passes(tiny_
 def test_an_unknown_recorded_scheme_is_refused(cased_run, tmp_path):
     import shutil
 
-    from ner.inference.tagger import ModelSettings
+    from ner.inference.model_folder import ModelSettings
 
     shutil.copytree(cased_run, tmp_path / "future")
     args = json.loads((tmp_path / "future" / "training_args.json").read_text())

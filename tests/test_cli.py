@@ -101,7 +101,7 @@ def test_loss_plot_marks_each_epoch_where_it_really_ended(trained, monkeypatch):
     run = plots.read_metrics(trained / "metrics.jsonl")
     assert run.epoch_ends == dict(enumerate(epoch_last_steps, start=1))
     figures = []
-    monkeypatch.setattr(plots, "_save", lambda figure, path: figures.append(figure) or path)
+    monkeypatch.setattr(plots, "save_figure", lambda figure, path: figures.append(figure) or path)
     plots.plot_loss_lr(run.logs, run.epoch_ends, trained / "unused.png")
     drawn = sorted({line.get_xdata()[0] for line in figures[0].axes[0].lines[1:]})
     assert drawn == [step for step in epoch_last_steps if step < run.logs[-1]["step"]]

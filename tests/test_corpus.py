@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 from conftest import PEOPLE, PLACES, python_module, run_cli, torch_threads
 
-import ner.backends
 import ner.corpus.manifest
 import ner.corpus.plan
 import ner.corpus.tagging
@@ -261,7 +260,7 @@ print(json.dumps({"code": code, "torch_imported": "torch" in sys.modules}))
 
 def test_onnx_corpus_tagging_in_one_process_needs_no_torch(random_model, corpus, tmp_path):
     """`--output-dir --runtime onnx` without a launcher: torch unimportable, the same parts as with it importable,
-    and torch never imported where it could be (ner.backends imports it; one process needs none of it)."""
+    and torch never imported where it could be (the backend seam's single process needs none of it)."""
     pytest.importorskip("onnxruntime")
     from ner.inference.onnx_export import write_onnx
     from tests.test_onnx import NO_TORCH, run_without_torch
@@ -422,7 +421,7 @@ class FakeRank:
 def two_ranks(monkeypatch, argv: list[str], timeout_s: float = 30) -> tuple[list[object], list[tuple]]:
     """tag_corpus as ranks 0 and 1 (threads): each rank's exit code (or exception), and the events."""
     slots, barrier, outcomes, events = [None, None], threading.Barrier(2, timeout=timeout_s), [None, None], []
-    monkeypatch.setattr(ner.backends, "inference_backend", lambda timeout_s: RANK.backend)
+    monkeypatch.setattr(ner.corpus.tagging, "inference_backend", lambda timeout_s: RANK.backend)
     real_report = ner.corpus.tagging.report
 
     def slow_report(exc: Exception, rank: int) -> int:

@@ -163,7 +163,7 @@ def test_an_iob1_model_folder_without_training_args_is_decoded_under_iob1(random
 def test_tags_to_entities_by_characters_or_by_word_indices():
     """The one tags -> entities step (infer.entities): raw text gets character offsets, given words get indices."""
     from ner.data.text import split_words
-    from ner.inference.tagger import entities, word_positions
+    from ner.inference.entities import entities, word_positions
 
     text = "Ada  Lovelace met Grace Hopper."
     tags = ["B-PER", "I-PER", "O", "I-PER", "B-PER", "O"]  # seqeval's reading: I- after O starts an entity

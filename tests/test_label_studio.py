@@ -19,7 +19,7 @@ httpx = pytest.importorskip("httpx")
 
 from fastapi.testclient import TestClient  # noqa: E402
 
-from ner.inference.tagger import model_version  # noqa: E402
+from ner.inference.model_folder import model_version  # noqa: E402
 from ner.serving.app import create_app  # noqa: E402
 from ner.serving.label_studio import ConfigError, Target, map_types, parse_label_config  # noqa: E402
 from ner.serving.requests import Limits  # noqa: E402
@@ -340,18 +340,18 @@ def test_every_n_new_annotations_start_a_training(retraining_app):
 
 
 def test_a_swap_during_a_request_tags_it_again_with_the_new_model(tagger, random_model, tmp_path):
-    from ner.serving.label_studio import Backend
+    from ner.serving.label_studio import LabelStudioModel
 
     calls = []
 
     async def tag(texts):
-        calls.append(backend.version)
+        calls.append(served.version)
         if len(calls) == 1:  # the model is replaced while this batch runs
-            backend.swap(tagger, tmp_path / "new", "new@00000000")
+            served.swap(tagger, tmp_path / "new", "new@00000000")
         return [{"entities": []} for _ in texts]
 
-    backend = Backend(tag, random_model, ["PER"], on_swap=lambda new, model_dir: None)
-    answer = asyncio.run(backend.predict({"tasks": tasks_of(["a"]), "label_config": NER_CONFIG}))
+    served = LabelStudioModel(tag, random_model, ["PER"], on_swap=lambda new, model_dir: None)
+    answer = asyncio.run(served.predict({"tasks": tasks_of(["a"]), "label_config": NER_CONFIG}))
     assert calls == [model_version(random_model), "new@00000000"]
     assert answer["results"][0]["model_version"] == "new@00000000"
 
@@ -393,7 +393,7 @@ def test_the_open_label_studio_health_shows_a_failed_trainings_state_not_its_err
     monkeypatch.setenv("NER_RETRAIN_DIR", str(tmp_path / "runs"))
     try:
         with TestClient(create_app(tagger, random_model, Limits(), label_studio=True)) as client, \
-                caplog.at_level(logging.ERROR, logger="ner.serving.label_studio"):
+                caplog.at_level(logging.ERROR, logger="ner.serving.retrain"):
             assert client.post("/label-studio/train", json={"project": 5}).json()["training"] is True
             wait_for_training(client, timeout_s=60)
             health = client.get("/label-studio/health")
@@ -491,7 +491,7 @@ def test_setup_never_changes_where_exports_come_from(tagger, random_model, monke
     monkeypatch.setenv("LABEL_STUDIO_API_KEY", "server-key")
     app = create_app(tagger, random_model, Limits(), label_studio=True)
     retrainer = app.state.label_studio.retrainer
-    with caplog.at_level(logging.WARNING, logger="ner.serving.label_studio"):
+    with caplog.at_level(logging.WARNING, logger="ner.serving.retrain"):
         retrainer.confirm({"hostname": "http://elsewhere.test", "access_token": "other"})
     assert (retrainer.options.url, retrainer.options.api_key) == ("http://label-studio.internal", "server-key")
     assert "http://elsewhere.test" in caplog.text and "LABEL_STUDIO_URL" in caplog.text
@@ -643,7 +643,7 @@ def test_a_second_training_within_the_minimum_interval_is_refused(tagger, random
     monkeypatch.setenv("NER_RETRAIN_MIN_INTERVAL_S", "3600")
     app = worker_app(tagger, random_model, [])
     app.state.label_studio.retrainer.command = lambda export, run_dir: [sys.executable, "-c", "pass"]
-    with TestClient(app) as client, caplog.at_level(logging.INFO, logger="ner.serving.label_studio"):
+    with TestClient(app) as client, caplog.at_level(logging.INFO, logger="ner.serving.retrain"):
         assert client.post("/label-studio/train", json={"project": 4}).json()["training"] is True
         wait_for_training(client)
         assert client.post("/label-studio/train", json={"project": 4}).json()["training"] is False

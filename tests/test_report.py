@@ -14,10 +14,11 @@ from seqeval.metrics import classification_report
 from ner.data.conll import read_conll, read_predictions, write_predictions
 from ner.data.tags import build_label_list
 from ner.evaluate import main as evaluate_main
+from ner.inference.analysis import NO_ENTITY, confusion_counts
 from ner.metrics import entity_scores
 from ner.plot import main as plot_main
 from ner.training.export import model_card
-from ner.training.plots import NO_ENTITY, confusion_counts, write_plots
+from ner.training.plots import write_plots
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 ALL_PLOTS = ("loss_lr.png", "validation_f1.png", "per_type_f1.png", "confusion.png")

@@ -322,7 +322,7 @@ def test_predict_writes_spans_that_train_reads_back(random_model, tiny_data, tmp
     assert studio.returncode == 0, studio.stderr
     tasks = json.loads(studio.stdout)
     assert [t["data"]["id"] for t in tasks] == [7, 8] and "label" not in tasks[0]["data"]
-    from ner.inference.tagger import model_version  # the one name ner.serve gives the same model
+    from ner.inference.model_folder import model_version  # the one name ner.serve gives the same model
 
     assert {t["predictions"][0]["model_version"] for t in tasks} == {model_version(random_model)}
     predicted = [r["value"] for t in tasks for r in t["predictions"][0]["result"]]

@@ -199,12 +199,10 @@ class RawPrecisionSteps:
 
 
 class SingleProcess:
-    """The inference backend without a launcher: one process on the first accelerator (or the CPU)."""
+    """The inference backend without a launcher: one process, nothing to meet, and no torch (an ONNX or OpenVINO
+    runtime needs none). `device` None: the runtime's own default (the first accelerator, or the CPU)."""
 
-    process_index, local_rank, num_processes, is_main_process = 0, 0, 1, True
-
-    def __init__(self) -> None:
-        self.device = default_device()
+    process_index, local_rank, num_processes, is_main_process, device = 0, 0, 1, True, None
 
     def wait_for_everyone(self) -> None:
         pass
@@ -223,7 +221,8 @@ def inference_backend(timeout_s: float):
     """One process per model copy, as the launcher started them (torchrun, or accelerate launch, which sets
     the same RANK / WORLD_SIZE / LOCAL_RANK): a process group (nccl on GPUs, gloo on CPUs) and this process's
     device; a single process when nothing launched it. Has the Backend's process_index, num_processes, device,
-    is_main_process, wait_for_everyone, gather_object, reduce_sum, plus end()."""
+    is_main_process, wait_for_everyone, gather_object, reduce_sum, plus end(). The one home of the rule that
+    WORLD_SIZE unset or 1 is one process."""
     import os
 
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:

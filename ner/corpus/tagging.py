@@ -26,13 +26,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from ner.backends import inference_backend
 from ner.corpus.inputs import Source, Unit, expand_inputs, parse_unit
 from ner.corpus.manifest import computation, prepare
 from ner.corpus.plan import (
@@ -183,36 +183,10 @@ def check_corpus_args(args: argparse.Namespace) -> None:
         raise UserError("--output-dir needs INPUT files, globs or folders (stdin cannot be resumed)")
 
 
-class OneProcess:
-    """The processes' meeting points where one process runs an ONNX runtime: nothing to meet, and no torch (the
-    backends import it). `device` None: the Tagger's own default, as `ner.predict` without --output-dir."""
-
-    process_index, num_processes, is_main_process, device = 0, 1, True, None
-
-    def wait_for_everyone(self) -> None:
-        pass
-
-    def gather_object(self, obj: object) -> list:
-        return [obj]
-
-    def end(self) -> None:
-        pass
-
-
-def corpus_backend(args: argparse.Namespace):
-    """ner.backends' inference_backend (a process group where a launcher started several), except for one process
-    that needs no torch: WORLD_SIZE unset or 1 (the rule inference_backend follows) and an ONNX runtime."""
-    if args.runtime != "torch" and int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-        return OneProcess()
-    from ner.backends import inference_backend
-
-    return inference_backend(args.dist_timeout)
-
-
 def tag_corpus(args: argparse.Namespace) -> int:
     """The whole run in every process; an error is printed once, by rank 0, before any process leaves."""
     check_corpus_args(args)
-    backend = corpus_backend(args)
+    backend = inference_backend(args.dist_timeout)
     try:
         tag_on_every_process(args, backend)
     except UserError as exc:  # raised by every process at once (all_or_none)

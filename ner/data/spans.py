@@ -84,28 +84,6 @@ class Tally:
         log.info("%s: %d texts, %d spans%s", source, texts, self.counts["spans"], f" ({done})" if done else "")
 
 
-# ----------------------------------------------------------------------------- parsing
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 # ----------------------------------------------------------------------------- spans -> words and tags
 
 UTF16 = "UTF-16 code units"

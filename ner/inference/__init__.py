@@ -2,11 +2,14 @@
 ner.evaluate, ner.serve and corpus tagging. Imports data, backends and the shared leaves; never training.
 
     tagger.py       Tagger (load an exported model, tag words or raw text), the batched forward, windows -> words
+    model_folder.py what an export says: how it was trained, its labels and length limit, its version
+    entities.py     tagged words -> entities with scores, the --min-score filter
     options.py      the inference options (--runtime, --max-seq-length, ...), per-device forward budgets
     runtime.py      what computes the logits: PyTorch, or onnxruntime over model.onnx / model.int8.onnx
     decode.py       per-word scores -> tags: argmax, or Viterbi over the sequences the scheme allows
     onnx_export.py  writing and checking the ONNX files (fp32, per-token int8)
     analysis.py     where predictions go wrong: kinds of error, schemas, confusions, thresholds, calibration
+    analysis_plots.py  the plots of an evaluation (ner.evaluate --plots)
 
     from ner.inference.tagger import Tagger   # also: from ner import Tagger; from ner.infer import Tagger
 """

@@ -11,7 +11,7 @@ else the first unpaired overlapping one (nervaluate's rule). From those matches 
 nervaluate: strict, exact (span only), partial (span overlap counts half) and type (overlap, same type).
 Per type, a schema scores that type alone (the spans of other types removed), as nervaluate 1.x does.
 
-Scores of predicted entities: the mean probability of their tags (ner.inference.tagger.entities). Precision and
+Scores of predicted entities: the mean probability of their tags (ner.inference.entities.entities). Precision and
 recall per type at score thresholds, the lowest threshold that reaches a target precision, and the
 expected calibration error (ECE) of those scores against exact-span correctness.
 """
@@ -186,8 +186,8 @@ class Scored:
 
 
 def scored_entities(gold_tags: list[list[str]], pred_tags: list[list[str]], probs: list[np.ndarray]) -> list[Scored]:
-    """Each predicted entity as ner.inference.tagger.entities reads and scores it, marked right or wrong."""
-    from ner.inference.tagger import entities, word_positions
+    """Each predicted entity as ner.inference.entities.entities reads and scores it, marked right or wrong."""
+    from ner.inference.entities import entities, word_positions
 
     scored = []
     for gold, tags, tag_probs in zip(gold_tags, pred_tags, probs, strict=True):

@@ -104,12 +104,3 @@ class Decoder:
             log.warning("%d of %d sentences: the labels (%s) allow no %s tag sequence of their length; "
                         "tagged by argmax instead", fallbacks, len(paths), ", ".join(self.labels), self.scheme)
         return [lp.argmax(axis=-1) if path is None else path for lp, path in zip(log_probs, paths)]
-
-
-
-# ------------------------------------------------------------------------------------------ tags -> entities
-
-
-
-
-

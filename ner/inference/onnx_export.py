@@ -26,8 +26,8 @@ import torch
 from ner.data.encode import UNKNOWN_CASE, casing_type, model_inputs
 from ner.errors import UserError
 from ner.files import staged_file
+from ner.inference.model_folder import ModelSettings
 from ner.inference.runtime import ONNX_FILES, onnx_session
-from ner.inference.tagger import ModelSettings
 
 MAX_LOGIT_DIFF = 1e-3
 # int8 noise flips words whose two best tags are close, and entity words are where that happens, so they

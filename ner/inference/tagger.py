@@ -1,6 +1,6 @@
 """The one inference path: batched forward, argmax, windows merged back to words.
 
-Training's evaluation (`predict_tags` / `evaluate`, sharded over ranks), `ner.predict`,
+Training's evaluation (ner/training/evaluation.py, sharded over ranks), `ner.predict`,
 `ner.evaluate` and the benchmarks (`Tagger`, one process) all run `predict_word_scores`, then
 the same merge (each word from the window that owns it) and decoding (ner/inference/decode.py). What computes
 the logits is a runtime (ner/inference/runtime.py): the PyTorch model, or `Tagger(..., runtime="onnx"|"onnx-int8")`,
@@ -17,50 +17,24 @@ config is read as JSON and the tokenizer class is looked up by its name, see dat
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ner.data.encode import (
-    CASING_SCHEME,
-    Feature,
-    collate,
-    encode_examples,
-    fixed_shape_plan,
-    merge_predictions,
-    owned_positions,
-)
+from ner.data.encode import Feature, collate, encode_examples, fixed_shape_plan, merge_predictions, owned_positions
 from ner.data.examples import Example
 from ner.data.tags import scheme_of_labels
 from ner.data.text import Word, split_words
 from ner.data.tokenizer import load_tokenizer
 from ner.errors import UserError
-from ner.files import sha256_file
 from ner.inference.decode import Decoder
+from ner.inference.entities import drop_below, entities
+from ner.inference.model_folder import ModelSettings, max_positions, model_labels, read_model_json
 from ner.inference.openvino_runtime import OpenVinoRuntime, openvino_path
-from ner.inference.options import (
-    MAX_SEQ_LENGTH,
-    PAD_TO_MULTIPLE_OF,
-    RUNTIMES,
-    WINDOW_STRIDE_WORDS,
-    check_max_seq_length,
-    inference_batch_limits,
-    inference_budget,
-    parse_min_score,
-)
+from ner.inference.options import PAD_TO_MULTIPLE_OF, RUNTIMES, check_max_seq_length, inference_budget, parse_min_score
 from ner.inference.runtime import OnnxRuntime, TorchRuntime, onnx_device_type, onnx_path
-from ner.metrics import entity_scores, get_entities
-
-if TYPE_CHECKING:
-    import torch
-
-    from ner.backends import Backend
 
 log = logging.getLogger("ner")
 
@@ -70,23 +44,6 @@ Runtime = TorchRuntime | OnnxRuntime | OpenVinoRuntime  # runtime(input_ids, att
 
 def no_progress(iterable, **_):
     return iterable
-
-
-@dataclass
-class EvalSet:
-    examples: list[Example]
-    features: list[Feature]
-    batches: list[list[int]]  # fixed shape per width (encode.fixed_shape_plan); each window in exactly one batch
-    pad_to_multiple_of: int = 1
-
-
-def build_eval_set(examples: list[Example], features: list[Feature], batch_size: int, max_tokens: int,
-                   pad_to_multiple_of: int) -> EvalSet:
-    """Evaluation batches under the training run's limits (see inference_batch_limits), of the fixed shapes
-    Tagger uses, so a sentence's scores do not depend on the evaluation set around it (features gain fillers)."""
-    max_sentences, max_batch_tokens = inference_batch_limits(batch_size, max_tokens)
-    planned, batches = fixed_shape_plan(features, pad_to_multiple_of, max_sentences, max_batch_tokens)
-    return EvalSet(examples, planned, batches, pad_to_multiple_of)
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
@@ -108,100 +65,6 @@ def predict_word_scores(runtime: Runtime, features: list[Feature], batches: list
     if not word_ids:
         return np.zeros(0, dtype=np.int64), np.zeros((0, runtime.num_labels), dtype=np.float32)
     return np.concatenate(word_ids), np.concatenate(scores)
-
-
-def predict_tags(model: torch.nn.Module, eval_set: EvalSet, backend: Backend, pad_token_id: int, decoder: Decoder,
-                 progress: Progress = no_progress) -> list[list[str]]:
-    """Tags for every word of every sentence; batches sharded over ranks with no padding."""
-    bare = backend.unwrap_model(model)
-    was_training = bare.training
-    bare.eval()
-    my_batches = eval_set.batches[backend.process_index::backend.num_processes]
-    mine = predict_word_scores(TorchRuntime(bare, backend.device, backend.autocast), eval_set.features, my_batches,
-                               pad_token_id, progress, eval_set.pad_to_multiple_of)
-    bare.train(was_training)
-    gathered = backend.gather_object(mine)  # every word is owned by exactly one window, in one shard
-    word_ids, scores = (np.concatenate([part[k] for part in gathered]) for k in range(2))
-    return decoder(merge_predictions(eval_set.examples, word_ids, scores))[0]
-
-
-def evaluate(model: torch.nn.Module, eval_set: EvalSet, backend: Backend, pad_token_id: int, decoder: Decoder,
-             progress: Progress = no_progress) -> dict:
-    predicted = predict_tags(model, eval_set, backend, pad_token_id, decoder, progress)
-    return entity_scores([e.tags for e in eval_set.examples], predicted, decoder.scheme)
-
-
-
-
-@dataclass(frozen=True)
-class ModelSettings:
-    """How an export was trained, so inference encodes and decodes the same way (training_args.json)."""
-
-    max_seq_length: int = MAX_SEQ_LENGTH
-    window_stride_words: int = WINDOW_STRIDE_WORDS
-    context: str = "none"  # document | none, as resolved at training
-    context_tokens: int = 0
-    casing: str = "none"  # types | none, as resolved at training
-    casing_scheme: str = CASING_SCHEME  # recorded, so that a scheme of a newer version is refused
-    tag_scheme: str | None = None
-    decode: str = "viterbi"
-    min_score: str | None = None
-
-    @classmethod
-    def of(cls, model_dir: Path) -> ModelSettings:
-        path = model_dir / "training_args.json"
-        if not path.is_file():  # a folder made by other tools: sentence level, scheme from the labels
-            return cls()
-        saved = json.loads(path.read_text(encoding="utf-8"))
-        names = [f.name for f in dataclasses.fields(cls)]
-        settings = cls(**{name: saved[name] for name in names if saved.get(name) is not None})
-        if settings.casing == "types" and settings.casing_scheme != CASING_SCHEME:
-            raise UserError(f"{path}: casing_scheme {settings.casing_scheme!r} is not one this version of ner "
-                            f"knows ({CASING_SCHEME}); a newer version wrote it")
-        return settings
-
-
-def max_positions(config: dict, tokenizer) -> int | None:
-    """Tokens a window may hold: the position embeddings, or the tokenizer's limit where smaller (RoBERTa's
-    config counts 514 positions, 2 of them reserved; its tokenizer says 512)."""
-    positions = config.get("max_position_embeddings")
-    stated = getattr(tokenizer, "model_max_length", None)
-    if positions is None or not stated or stated > positions:
-        return positions
-    return stated
-
-
-def read_json(path: Path) -> dict:
-    """A model folder's JSON file; unreadable: a one-line error."""
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UserError(f"{path}: not readable JSON ({exc})") from None
-
-
-def model_labels(config: dict) -> dict[int, str]:
-    """id2label as transformers' PretrainedConfig reads it from config.json (LABEL_i where none is named)."""
-    named = config.get("id2label")
-    if named:
-        return {int(k): v for k, v in named.items()}
-    return {i: f"LABEL_{i}" for i in range(int(config.get("num_labels", 2)))}
-
-
-
-
-WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.onnx")
-
-
-def model_version(model_dir: Path) -> str:
-    """The one name of an export, in ner.predict's Label Studio tasks and in ner.serve's answers: its folder
-    name (with the parent where it is OUTPUT_DIR/final) and a short hash of its weights, so two models are
-    told apart, and a model retrained into the same place gets a new version."""
-    model_dir = Path(model_dir)
-    weights = next((model_dir / name for name in WEIGHT_FILES if (model_dir / name).is_file()),
-                   model_dir / "config.json")
-    folder = model_dir.resolve()
-    name = f"{folder.parent.name}/{folder.name}" if folder.name == "final" else folder.name
-    return f"{name}@{sha256_file(weights)[:8]}"
 
 
 class Tagger:
@@ -228,7 +91,7 @@ class Tagger:
         if runtime not in RUNTIMES:
             raise UserError(f"--runtime {runtime}: expected one of {', '.join(RUNTIMES)}")
         self.tokenizer = load_tokenizer(model_dir, as_saved=True)  # the pieces the model was trained on
-        config = read_json(model_dir / "config.json")  # not AutoConfig: it imports torch (transformers 5)
+        config = read_model_json(model_dir / "config.json")  # not AutoConfig: it imports torch (transformers 5)
         self.id2label = model_labels(config)
         self.runtime_name = runtime
         self.runtime = self._load_runtime(model_dir, len(self.id2label), device, precision)
@@ -319,37 +182,3 @@ class Tagger:
                     for i, words in enumerate(split)]
         tags, probs = self.tag(examples, max_sentences, max_tokens, progress)
         return [{"entities": entities(t, p, words, text)} for text, words, t, p in zip(texts, split, tags, probs)]
-
-
-def drop_below(tags: list[str], probs: np.ndarray, min_score: dict[str, float]) -> list[str]:
-    """The tags with every entity whose score (the mean probability of its tags, as `entities` reports it) is
-    below its type's threshold (else the overall one, key "") turned into O."""
-    kept = list(tags)
-    for kind, first, last in get_entities(tags):
-        threshold = min_score.get(kind, min_score.get("", 0.0))
-        if round(float(probs[first:last + 1].mean()), 4) < threshold:
-            kept[first:last + 1] = ["O"] * (last + 1 - first)
-    return kept
-
-
-def entities(tags: list[str], probs: np.ndarray, words: list[Word], text: str | None = None) -> list[dict]:
-    """Word-level entities (seqeval's reading of the tags), each {"text", "type", "start", "end", "score"}:
-    `start` of its first word, `end` of its last, `score` the mean probability of its tags. The one
-    tags -> entities step of inference.
-
-    Raw text: `words` as split from `text` (character offsets), and "text" is `text[start:end]`.
-    Words given (no `text`): `words` as `(word, i, i + 1)`, so start/end are word indices, and "text"
-    is the entity's words joined by spaces.
-    """
-    found = []
-    for kind, first, last in get_entities(tags):
-        start, end = words[first][1], words[last][2]
-        span = text[start:end] if text is not None else " ".join(word for word, _, _ in words[first:last + 1])
-        found.append({"text": span, "type": kind, "start": start, "end": end,
-                      "score": round(float(probs[first:last + 1].mean()), 4)})
-    return found
-
-
-def word_positions(words: list[str]) -> list[Word]:
-    """Words with their indices as positions, for `entities` over words given without a text."""
-    return [(word, i, i + 1) for i, word in enumerate(words)]

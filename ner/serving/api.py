@@ -13,9 +13,11 @@ sent and answered, and tests/test_serve_api.py (schemathesis) checks the answers
 
 from __future__ import annotations
 
+import base64
 import hmac
 
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.requests import Request
 
 EXACT = ConfigDict(extra="forbid")
 
@@ -164,49 +166,51 @@ def label_studio_openapi(api_key: bool) -> dict[str, dict]:
     return documented
 
 
-def bearer_key_check(api_key: str):
-    """A FastAPI dependency: 401 {"error"} with WWW-Authenticate: Bearer unless the request sends
-    `Authorization: Bearer <api_key>`. Compared in constant time, so the answer's timing does not reveal
-    how much of a guess was right. HTTPBearer also puts the scheme into /openapi.json."""
+def presented_key(authorization: str | None, basic_auth: bool) -> bytes:
+    """The key an Authorization header carries: `Bearer KEY`, or where `basic_auth` allows it the password of
+    HTTP basic authentication; b"" for anything else."""
+    scheme, _, value = (authorization or "").partition(" ")
+    if scheme.lower() == "bearer":
+        return value.strip().encode("utf-8")
+    if basic_auth and scheme.lower() == "basic":
+        try:
+            return base64.b64decode(value.strip(), validate=True).partition(b":")[2]
+        except ValueError:
+            return b""
+    return b""
+
+
+def key_check(api_key: str, documented, basic_auth: bool):
+    """A FastAPI dependency: 401 {"error"} with WWW-Authenticate unless the request's Authorization header carries
+    `api_key` (presented_key). Compared in constant time, so the answer's timing does not reveal how much of a
+    guess was right. `documented`: the FastAPI security scheme that puts the key into /openapi.json."""
     from fastapi import Depends
-    from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
     from starlette.exceptions import HTTPException
 
-    scheme = HTTPBearer(auto_error=False, description="--api-key or NER_API_KEY")
     expected = api_key.encode("utf-8")
+    how = "Authorization: Bearer KEY, or basic auth with KEY as the password" if basic_auth else \
+        "Authorization: Bearer KEY"
 
-    async def check(credentials: HTTPAuthorizationCredentials | None = Depends(scheme)) -> None:
-        given = credentials.credentials.encode("utf-8") if credentials is not None else b""
-        if not hmac.compare_digest(given, expected):
-            raise HTTPException(401, "missing or wrong API key: send Authorization: Bearer KEY",
-                                headers={"WWW-Authenticate": "Bearer"})
+    async def check(request: Request, _: object = Depends(documented)) -> None:
+        if not hmac.compare_digest(presented_key(request.headers.get("authorization"), basic_auth), expected):
+            raise HTTPException(401, f"missing or wrong API key: send {how}",
+                                headers={"WWW-Authenticate": "Bearer, Basic" if basic_auth else "Bearer"})
 
     return check
+
+
+def bearer_key_check(api_key: str):
+    """ner.serve's routes: the API key as a Bearer token (HTTPBearer documents the scheme)."""
+    from fastapi.security import HTTPBearer
+
+    return key_check(api_key, HTTPBearer(auto_error=False, description="--api-key or NER_API_KEY"), basic_auth=False)
 
 
 def label_studio_key_check(api_key: str):
-    """A FastAPI dependency for the Label Studio routes: the API key as a Bearer token, or as the password of
-    HTTP basic authentication (what Label Studio's model connection sends: *Use basic auth*); 401 otherwise."""
-    import base64
-
-    from fastapi import Depends
+    """The Label Studio routes: the API key as a Bearer token, or as the password of HTTP basic authentication
+    (what Label Studio's model connection sends: *Use basic auth*)."""
     from fastapi.security import APIKeyHeader
-    from starlette.exceptions import HTTPException
 
     header = APIKeyHeader(name="Authorization", auto_error=False, description="Bearer KEY, or basic auth with KEY "
                                                                               "as the password (--api-key)")
-    expected = api_key.encode("utf-8")
-
-    async def check(authorization: str | None = Depends(header)) -> None:
-        scheme, _, value = (authorization or "").partition(" ")
-        given = value.strip().encode("utf-8") if scheme.lower() == "bearer" else b""
-        if scheme.lower() == "basic":
-            try:
-                given = base64.b64decode(value.strip(), validate=True).partition(b":")[2]
-            except ValueError:
-                given = b""
-        if not hmac.compare_digest(given, expected):
-            raise HTTPException(401, "missing or wrong API key: send Authorization: Bearer KEY, or basic auth "
-                                     "with KEY as the password", headers={"WWW-Authenticate": "Bearer, Basic"})
-
-    return check
+    return key_check(api_key, header, basic_auth=True)

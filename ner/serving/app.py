@@ -132,13 +132,13 @@ def mount_label_studio(app, batcher: MicroBatcher, tagger, model_dir: Path, info
     from ner.serving import label_studio
     from ner.serving.api import label_studio_key_check, label_studio_openapi
 
-    backend = label_studio.Backend(batcher.submit, model_dir, info["types"],
-                                   on_swap=partial(serve_model, batcher, info), limits=limits,
-                                   load_tagger=getattr(tagger, "like", None))
+    served = label_studio.LabelStudioModel(batcher.submit, model_dir, info["types"],
+                                           on_swap=partial(serve_model, batcher, info), limits=limits,
+                                           load_tagger=getattr(tagger, "like", None))
     guard = [Depends(label_studio_key_check(api_key))] if api_key is not None else []
-    app.include_router(label_studio.router(backend, guard, openapi=label_studio_openapi(api_key is not None)),
+    app.include_router(label_studio.router(served, guard, openapi=label_studio_openapi(api_key is not None)),
                        prefix=label_studio.PREFIX)
-    return backend
+    return served
 
 
 def add_operations(app, metrics, cors_origins: Sequence[str]) -> None:

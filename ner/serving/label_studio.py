@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ner.data.spans import label_studio_prediction
-from ner.inference.tagger import model_version
+from ner.inference.model_folder import model_version
 from ner.serving.requests import Limits, check_texts, read_body
 from ner.serving.retrain import SESSION_ENV, Retrainer, RetrainOptions
 
@@ -146,7 +146,7 @@ def task_result(entities: list[dict], target: Target, mapping: dict[str, str], m
     return label_studio_prediction(kept, model_version, target.from_name, target.to_name)
 
 
-def read_json(body: bytes) -> dict:
+def parse_json_object(body: bytes) -> dict:
     try:
         payload = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -156,7 +156,7 @@ def read_json(body: bytes) -> dict:
     return payload
 
 
-class Backend:
+class LabelStudioModel:
     """What the routes share: the served model's version and types, and how texts are tagged.
 
     `tag(texts)` is a coroutine returning Tagger.predict's results (ner.serve passes its micro-batcher's
@@ -213,10 +213,10 @@ def project_id(project: object) -> int | None:
     return int(text) if text.isdigit() else None
 
 
-def router(backend: Backend, guard: list | None = None, model_class: str = "ner.serve",
+def router(served: LabelStudioModel, guard: list | None = None, model_class: str = "ner.serve",
            openapi: dict[str, dict] | None = None):
     """The APIRouter ner.serve mounts under PREFIX; `guard`: the dependencies of every route but /health
-    (ner.serve's API key); bodies are read under backend.limits' byte limit; `openapi`: route name -> how the
+    (ner.serve's API key); bodies are read under served.limits' byte limit; `openapi`: route name -> how the
     document describes it (api.label_studio_openapi)."""
     from fastapi import APIRouter, Request
     from fastapi.responses import JSONResponse
@@ -224,7 +224,7 @@ def router(backend: Backend, guard: list | None = None, model_class: str = "ner.
     api = APIRouter()
 
     def read(request: Request):
-        return read_body(request, backend.limits.max_request_bytes)
+        return read_body(request, served.limits.max_request_bytes)
 
     guard = guard or []
     documented = openapi or {}
@@ -234,43 +234,43 @@ def router(backend: Backend, guard: list | None = None, model_class: str = "ner.
 
     @api.get("/health", **documented.get("health", {}))
     async def health() -> dict:
-        return {"status": "UP", "model_class": model_class, "model_version": backend.version,
-                "training": backend.retrainer.public_status()}
+        return {"status": "UP", "model_class": model_class, "model_version": served.version,
+                "training": served.retrainer.public_status()}
 
     @api.post("/setup", dependencies=guard, **documented.get("setup", {}))
     async def setup(request: Request):
         try:
-            payload = read_json(await read(request))
+            payload = parse_json_object(await read(request))
             if payload.get("schema"):  # a project's config that cannot work is refused when it connects
                 parse_label_config(payload["schema"])
         except ConfigError as exc:
             return refused(exc)
-        backend.retrainer.confirm(payload)
-        return {"model_version": backend.version}
+        served.retrainer.confirm(payload)
+        return {"model_version": served.version}
 
     @api.post("/predict", dependencies=guard, **documented.get("predict", {}))
     async def predict(request: Request):
         try:
-            return await backend.predict(read_json(await read(request)))
+            return await served.predict(parse_json_object(await read(request)))
         except ConfigError as exc:
             return refused(exc)
 
     @api.post("/webhook", dependencies=guard, **documented.get("webhook", {}))
     async def webhook(request: Request):
         try:
-            payload = read_json(await read(request))
+            payload = parse_json_object(await read(request))
         except ConfigError as exc:
             return refused(exc)
         project = project_id(payload.get("project"))
         log.info("webhook %s (project %s)", payload.get("action"), project)
-        return {"status": "ok", "training": backend.retrainer.on_event(payload.get("action"), project)}
+        return {"status": "ok", "training": served.retrainer.on_event(payload.get("action"), project)}
 
     @api.post("/train", dependencies=guard, **documented.get("train", {}))
     async def train(request: Request):  # Label Studio's *Start Training* where its webhook flag is off
         try:
-            payload = read_json(await read(request))
+            payload = parse_json_object(await read(request))
         except ConfigError as exc:
             return refused(exc)
-        return {"status": "ok", "training": backend.retrainer.start(project_id(payload.get("project")))}
+        return {"status": "ok", "training": served.retrainer.start(project_id(payload.get("project")))}
 
     return api

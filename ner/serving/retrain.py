@@ -17,9 +17,9 @@ from pathlib import Path
 
 from ner.errors import UserError
 from ner.files import atomic_write_text
-from ner.inference.tagger import model_version
+from ner.inference.model_folder import model_version
 
-log = logging.getLogger("ner.serving.label_studio")
+log = logging.getLogger("ner.serving.retrain")
 
 SESSION_ENV = "NER_SERVE_SESSION"  # one server start: its workers share it (Retrainer.watch)
 
@@ -116,8 +116,8 @@ class Retrainer:
     timeout, the child killed when the server stops, the last NER_RETRAIN_KEEP run folders kept. The new model
     reaches every worker: the one that trained writes runs/serving.json, and each worker watches it (watch)."""
 
-    def __init__(self, backend, options: RetrainOptions, session: str) -> None:  # backend: label_studio.Backend
-        self.backend = backend
+    def __init__(self, served, options: RetrainOptions, session: str) -> None:  # label_studio.LabelStudioModel
+        self.served = served
         self.options = options
         self.session = session  # the server's start: workers adopt a retrained model of their own server only
         self.lock = TrainingLock(options.runs_dir)
@@ -173,7 +173,7 @@ class Retrainer:
                 raise RuntimeError(f"ner.train exited with {returncode}; see {run_dir / 'train.log'}")
             await self.load_and_swap(run_dir / "final")
             self.publish(run_dir / "final")
-            self.last = {**self.last, "status": "done", "model_version": self.backend.version}
+            self.last = {**self.last, "status": "done", "model_version": self.served.version}
         except Exception as exc:  # the served model stays; the reason is logged (public_status says only "failed")
             log.exception("training for project %s failed", project)
             self.last = {**self.last, "status": "failed", "error": str(exc)}
@@ -230,7 +230,7 @@ class Retrainer:
                 await self.kill_training()
 
     def command(self, export: Path, run_dir: Path) -> list[str]:
-        return [sys.executable, "-m", "ner.train", "--model", str(self.backend.model_dir), "--train-file",
+        return [sys.executable, "-m", "ner.train", "--model", str(self.served.model_dir), "--train-file",
                 str(export), "--output-dir", str(run_dir), "--quiet", *self.options.extra_args]
 
     async def kill_training(self) -> None:
@@ -255,14 +255,14 @@ class Retrainer:
 
     async def load_and_swap(self, model_dir: Path) -> None:
         def load():  # in a thread: the served model keeps answering while the new one loads
-            return self.backend.load_tagger(model_dir), model_version(model_dir)
+            return self.served.load_tagger(model_dir), model_version(model_dir)
 
         tagger, version = await asyncio.to_thread(load)
-        self.backend.swap(tagger, model_dir, version)
+        self.served.swap(tagger, model_dir, version)
 
     def publish(self, model_dir: Path) -> None:
         """Tell the other workers (watch) which model this server serves now."""
-        served = {"session": self.session, "model_dir": str(model_dir), "model_version": self.backend.version}
+        served = {"session": self.session, "model_dir": str(model_dir), "model_version": self.served.version}
         atomic_write_text(self.options.runs_dir / SERVING_FILE, json.dumps(served) + "\n")
 
     async def watch(self, poll_s: float = 2.0) -> None:
@@ -281,7 +281,7 @@ class Retrainer:
             return
         self.seen_serving = mtime
         served = json.loads(path.read_text(encoding="utf-8"))
-        if served.get("session") == self.session and served.get("model_version") != self.backend.version:
+        if served.get("session") == self.session and served.get("model_version") != self.served.version:
             await self.load_and_swap(Path(served["model_dir"]))
 
     def prune(self) -> None:
@@ -290,7 +290,7 @@ class Retrainer:
 
         runs = sorted((p for p in self.options.runs_dir.glob("project*-*") if (p / RUN_MARK).is_file()),
                       key=lambda p: p.stat().st_mtime, reverse=True)
-        served = self.backend.model_dir.resolve()
+        served = self.served.model_dir.resolve()
         for old in runs[self.options.keep_runs:]:
             if old.resolve() not in (served, served.parent):
                 shutil.rmtree(old, ignore_errors=True)

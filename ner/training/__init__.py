@@ -6,8 +6,9 @@ import every group but serving and corpus tagging; nothing but the commands impo
     run.py         wiring of one run: data -> model -> prepare -> fit -> evaluate -> export
     loop.py        the one training loop, written against the Backend protocol
     hooks.py       around each update: evaluation, early stopping, checkpoints, logging
+    evaluation.py  the validation and test sets, tagged sharded over the ranks
     checkpoint.py  resumable checkpoints: atomic, verified, rotated
     model.py       builders: tokenizer, model with its labels, AdamW, schedule
     export.py      a checkpoint -> a Hugging Face model folder (model card, ONNX), replacing only its own files
-    plots.py       the PNG plots of a run and of an evaluation
+    plots.py       the PNG plots of a run
 """

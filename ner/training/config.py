@@ -209,7 +209,6 @@ class TrainConfig:
         return Path(self.output_dir)
 
 
-
 def add_data_arguments(parser: argparse.ArgumentParser) -> None:
     """How data files are read (ner.evaluate); ner.train takes the same from TrainConfig."""
     for name in ("data_format", "span_alignment"):

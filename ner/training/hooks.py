@@ -19,10 +19,10 @@ import torch
 from tqdm.auto import tqdm
 
 from ner.backends import Backend
-from ner.inference.tagger import predict_tags
 from ner.metrics import best_evaluation, entity_scores, format_scores
 from ner.testing import inject_fault
 from ner.training import checkpoint as ckpt
+from ner.training.evaluation import predict_tags
 from ner.training.loop import TrainState, UnreadUpdates, UpdateRecord
 
 log = logging.getLogger("ner")
@@ -51,8 +51,6 @@ def flatten_record(record: dict) -> dict:
         elif isinstance(value, (int, float)) and key not in ("step", "time"):
             flat[key] = value
     return flat
-
-
 
 
 def trainer_state(cfg, state: TrainState, data, world_size: int) -> dict:

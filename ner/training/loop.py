@@ -26,6 +26,7 @@ from ner.data.encode import IGNORE_INDEX, model_inputs
 
 log = logging.getLogger(__name__)
 
+
 @dataclass
 class TrainState:
     """Where training stands; JSON-safe so it goes into every checkpoint as is."""

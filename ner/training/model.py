@@ -62,12 +62,6 @@ def encoder_tokenizer(name: str, trust_remote_code: bool = False):
         raise model_error(name, "a tokenizer", exc) from None
 
 
-
-
-
-
-
-
 def encoder_config(name: str, trust_remote_code: bool = False):
     """The encoder's config alone, without its weights; a one-line error if it cannot be read."""
     try:

@@ -30,11 +30,11 @@ from ner.errors import UserError, log_to_stderr
 from ner.files import temporary_of
 from ner.inference.analysis import entity_errors, format_errors
 from ner.inference.decode import Decoder
-from ner.inference.tagger import EvalSet, build_eval_set, predict_tags
 from ner.metrics import entity_scores, format_scores
 from ner.training import checkpoint as ckpt
 from ner.training.auto import resolve_auto, resolve_casing, resolve_context
 from ner.training.config import TrainConfig, tokenization_cache_dir, with_sample_data
+from ner.training.evaluation import EvalSet, build_eval_set, predict_tags
 from ner.training.export import checkpoint_export_names, export_checkpoint, is_export, unrecorded
 from ner.training.hooks import RunHooks
 from ner.training.loop import TrainState, fit, updates_in_epoch

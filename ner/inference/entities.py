@@ -1,0 +1,42 @@
+"""Tagged words -> entities with scores: the one tags -> entities step of inference (ner.predict, ner.serve,
+corpus tagging, the analysis), and the --min-score filter that drops the entities scored below a threshold."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ner.data.text import Word
+from ner.metrics import get_entities
+
+
+def drop_below(tags: list[str], probs: np.ndarray, min_score: dict[str, float]) -> list[str]:
+    """The tags with every entity whose score (the mean probability of its tags, as `entities` reports it) is
+    below its type's threshold (else the overall one, key "") turned into O."""
+    kept = list(tags)
+    for kind, first, last in get_entities(tags):
+        threshold = min_score.get(kind, min_score.get("", 0.0))
+        if round(float(probs[first:last + 1].mean()), 4) < threshold:
+            kept[first:last + 1] = ["O"] * (last + 1 - first)
+    return kept
+
+
+def entities(tags: list[str], probs: np.ndarray, words: list[Word], text: str | None = None) -> list[dict]:
+    """Word-level entities (seqeval's reading of the tags), each {"text", "type", "start", "end", "score"}:
+    `start` of its first word, `end` of its last, `score` the mean probability of its tags.
+
+    Raw text: `words` as split from `text` (character offsets), and "text" is `text[start:end]`.
+    Words given (no `text`): `words` as `(word, i, i + 1)`, so start/end are word indices, and "text"
+    is the entity's words joined by spaces.
+    """
+    found = []
+    for kind, first, last in get_entities(tags):
+        start, end = words[first][1], words[last][2]
+        span = text[start:end] if text is not None else " ".join(word for word, _, _ in words[first:last + 1])
+        found.append({"text": span, "type": kind, "start": start, "end": end,
+                      "score": round(float(probs[first:last + 1].mean()), 4)})
+    return found
+
+
+def word_positions(words: list[str]) -> list[Word]:
+    """Words with their indices as positions, for `entities` over words given without a text."""
+    return [(word, i, i + 1) for i, word in enumerate(words)]

@@ -6,7 +6,7 @@ The package is grouped by job (README, "Where things are"); imports run one way 
 
 __version__ = "0.1.0"
 
-__all__ = ["Tagger"]
+__all__ = ["Tagger"]  # noqa: F822 (module __getattr__ below: the import waits for first use)
 
 
 def __getattr__(name: str):

@@ -23,7 +23,6 @@ def losses_and_widths(out) -> tuple[list[float], set[int]]:
 @pytest.mark.slow
 def test_a_compiled_run_builds_a_few_graphs_whatever_the_widths_and_trains_the_same(tiny_bert, tiny_data, tmp_path,
                                                                                       monkeypatch):
-    import torch
     import torch._dynamo
 
     graphs = []

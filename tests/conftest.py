@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 from contextlib import contextmanager
@@ -191,6 +192,20 @@ def fit_briefly(model_dir, train_file, steps: int = 60) -> None:
         model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=labels).loss.backward()
         optimizer.step()
     model.eval().save_pretrained(model_dir)
+
+
+def fitted_export(random_model: Path, tiny_data: dict[str, Path], tmp_path_factory, name: str, *flags: str) -> Path:
+    """The tiny model, briefly fitted (the int8 gates need a model with few ties), as an export with 32-token windows
+    (long sentences are windowed), written by ner.export with `flags`."""
+    from ner.export import main as export_main
+
+    source = tmp_path_factory.mktemp(f"{name}_src") / "final"
+    shutil.copytree(random_model, source)
+    fit_briefly(source, tiny_data["train"])
+    (source / "training_args.json").write_text(json.dumps({"max_seq_length": 32, "decode": "viterbi"}))
+    out = tmp_path_factory.mktemp(f"{name}_out") / "exported"
+    assert export_main([str(source), str(out), *flags]) == 0
+    return out
 
 
 def tiny_args(model: Path, data: dict[str, Path], out_dir: Path, *extra: str) -> list[str]:

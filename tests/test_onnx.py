@@ -23,19 +23,12 @@ from ner.inference import runtime as runtimes  # noqa: E402
 from ner.inference.tagger import Tagger  # noqa: E402
 from ner.predict import main as predict_main  # noqa: E402
 from ner.serve import build_parser as serve_parser  # noqa: E402
-from tests.conftest import ROOT, fit_briefly, python_module, run_cli  # noqa: E402
+from tests.conftest import ROOT, fitted_export, python_module, run_cli  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def exported(random_model, tiny_data, tmp_path_factory):
-    """The tiny model, briefly fitted, as an export (32-token windows, so long sentences are windowed) with ONNX."""
-    source = tmp_path_factory.mktemp("onnx_src") / "final"
-    shutil.copytree(random_model, source)
-    fit_briefly(source, tiny_data["train"])
-    (source / "training_args.json").write_text(json.dumps({"max_seq_length": 32, "decode": "viterbi"}))
-    out = tmp_path_factory.mktemp("onnx_out") / "exported"
-    assert export_main([str(source), str(out), "--onnx", "--quantize", "int8"]) == 0
-    return out
+    return fitted_export(random_model, tiny_data, tmp_path_factory, "onnx", "--onnx", "--quantize", "int8")
 
 
 def onnx_logits(path, input_ids, attention_mask):

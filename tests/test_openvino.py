@@ -17,7 +17,7 @@ from ner.data.examples import Example
 from ner.export import main as export_main  # noqa: E402
 from ner.inference import onnx_export  # noqa: E402
 from ner.inference.tagger import Tagger  # noqa: E402
-from tests.conftest import fit_briefly, make_sentences, python_module, torch_threads  # noqa: E402
+from tests.conftest import fitted_export, make_sentences, python_module, torch_threads  # noqa: E402
 from tests.test_onnx import NO_TORCH, SERVE_ONCE, run_without_torch  # noqa: E402
 
 RUNS = [("openvino", "no"), ("openvino", "bf16"), ("openvino-int8", "no"), ("openvino-int8", "bf16")]
@@ -27,15 +27,8 @@ EXAMPLES = [Example([w for w, _ in s], ["O"] * len(s), "t") for s in SENTENCES]
 
 @pytest.fixture(scope="module")
 def exported(random_model, tiny_data, tmp_path_factory):
-    """The tiny model, briefly fitted (the int8 gates need a model with few ties), exported with both int8 files."""
-    source = tmp_path_factory.mktemp("openvino_src") / "final"
-    shutil.copytree(random_model, source)
-    fit_briefly(source, tiny_data["train"])
-    (source / "training_args.json").write_text(json.dumps({"max_seq_length": 32, "decode": "viterbi"}))
-    out = tmp_path_factory.mktemp("openvino_out") / "exported"
-    assert export_main([str(source), str(out), "--onnx", "--quantize", "int8", "--calibrate",
-                        str(tiny_data["train"])]) == 0
-    return out
+    return fitted_export(random_model, tiny_data, tmp_path_factory, "openvino", "--onnx", "--quantize", "int8",
+                         "--calibrate", str(tiny_data["train"]))
 
 
 def test_export_writes_the_static_int8_model_and_lists_it(exported):

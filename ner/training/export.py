@@ -6,7 +6,6 @@ import filecmp
 import json
 import logging
 import os
-import re
 import shutil
 import sys
 from pathlib import Path
@@ -18,7 +17,7 @@ from ner.inference.analysis import format_errors_markdown
 from ner.inference.options import RUNTIME_FILES
 from ner.metrics import best_evaluation, format_table
 from ner.training.checkpoint import MANIFEST, read_state, verify
-from ner.training.model import PACKAGED_MODELS, packaged_copy_of
+from ner.training.model import PACKAGED_MODELS, is_hub_id, packaged_copy_of
 
 log = logging.getLogger("ner")
 EXPORT_LISTING = ".ner-export.json"  # the files an export wrote, with their SHA-256 (what a replacement may replace)
@@ -264,14 +263,13 @@ HYPERPARAMETERS = (
     ("label_all_subwords", "loss on every subword"), ("mixed_precision", "mixed precision"), ("seed", "seed"),
     ("early_stopping_patience", "early stopping patience (evaluations; 0: off)"), ("backend", "training backend"),
     ("casing", "case as token types"))
-HUB_ID = re.compile(r"([A-Za-z0-9][\w.-]*/)?[A-Za-z0-9][\w.-]*")  # `name` (legacy ids) or `org/name`
 
 
 def model_card(args: dict, metrics: dict) -> str:
     """README.md of an export: what it was trained from and on, how well it does, how to use it."""
     base = packaged_copy_of(args["model"]) or args["model"]
     packaged = PACKAGED_MODELS.get(base)
-    on_hub = HUB_ID.fullmatch(base) is not None and not Path(base).exists()
+    on_hub = is_hub_id(base) and not Path(base).exists()
     types = entity_types(args["label_list"])
     header = ("---\nlibrary_name: transformers\npipeline_tag: token-classification\n"
               "tags: [ner, token-classification]\nmetrics: [precision, recall, f1]\n"

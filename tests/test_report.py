@@ -15,7 +15,7 @@ from ner.data.examples import build_label_list, read_conll, read_predictions, wr
 from ner.evaluate import main as evaluate_main
 from ner.metrics import entity_scores
 from ner.plot import main as plot_main
-from ner.training.export import model_card
+from ner.training.model_card import model_card
 from ner.training.plots import NO_ENTITY, confusion_counts, write_plots
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

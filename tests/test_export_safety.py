@@ -19,14 +19,22 @@ from ner import train as train_cli
 from ner.errors import UserError
 from ner.export import main as export_main
 from ner.training import checkpoint as ckpt
-from ner.training.export import EXPORT_LISTING, export_checkpoint
+from ner.training.export import EXPORT_TOOL, export_checkpoint
 from ner.training.run import claim_output_dir
 
 
 def list_as_export(folder):
-    """The listing an export writes: its files with their SHA-256."""
-    listing = {p.name: files.sha256_file(p) for p in sorted(folder.iterdir()) if p.is_file()}
-    (folder / EXPORT_LISTING).write_text(json.dumps(listing))
+    """The record an export writes: its files with their size and SHA-256."""
+    entries = {p.name: files.file_entry(p) for p in sorted(folder.iterdir()) if p.is_file() and p.name != files.RECORD}
+    files.write_record(folder, EXPORT_TOOL, entries)
+
+
+def listing(folder):
+    return files.read_record(folder, EXPORT_TOOL)
+
+
+def relist(folder, entries):
+    files.write_record(folder, EXPORT_TOOL, entries)
 
 
 @pytest.fixture
@@ -47,9 +55,8 @@ def checkpoint(random_model, tmp_path):
     state = {"config": {"model": "tiny-bert"}, "label_list": ["O", "B-PER", "I-PER"], "tag_scheme": "IOB2",
              "global_step": 4, "versions": {}, "eval_history": []}
     (folder / "trainer_state.json").write_text(json.dumps(state))
-    manifest = {p.relative_to(folder).as_posix(): {"size": p.stat().st_size, "sha256": files.sha256_file(p)}
-                for p in sorted(folder.rglob("*")) if p.is_file()}
-    (folder / "manifest.json").write_text(json.dumps({"step": 4, "files": manifest}))
+    manifest = {p.relative_to(folder).as_posix(): files.file_entry(p) for p in sorted(folder.rglob("*")) if p.is_file()}
+    files.write_record(folder, ckpt.CHECKPOINT_TOOL, manifest, ckpt.MANIFEST, step=4)
     return folder
 
 
@@ -180,7 +187,7 @@ def test_a_readme_of_yours_in_an_export_is_replaced_only_with_overwrite_and_name
     monkeypatch.setattr(ner.inference.onnx_export, "write_onnx", fake_onnx)
     assert export_main([str(out), str(out), "--onnx"]) == 0  # in place: the export's files only
     assert (out / "README.md").read_text() == "# my model card\n" and (out / "model.onnx").is_file()
-    assert "README.md" not in json.loads((out / EXPORT_LISTING).read_text())
+    assert "README.md" not in listing(out)
 
     real_replace, warned_before_swap = files.replace_folder, []
 
@@ -201,9 +208,9 @@ def test_the_end_of_training_export_refuses_to_replace_a_card_no_record_shows_it
     out = tmp_path / "final"
     export_checkpoint(checkpoint, out, update=True)
     if card == "yours":  # an export that listed no card
-        listing = json.loads((out / EXPORT_LISTING).read_text())
-        del listing["README.md"]
-        (out / EXPORT_LISTING).write_text(json.dumps(listing))
+        entries = listing(out)
+        del entries["README.md"]
+        relist(out, entries)
     (out / "README.md").write_text("# my notes on this model\n")
     before, work = snapshot(tmp_path), []
     monkeypatch.setattr(ner.training.export, "add_onnx", lambda *args: work.append(args))
@@ -215,9 +222,9 @@ def test_the_end_of_training_export_refuses_to_replace_a_card_no_record_shows_it
 def test_a_card_of_yours_written_while_the_export_runs_is_not_replaced(checkpoint, tmp_path, monkeypatch):
     out = tmp_path / "final"
     export_checkpoint(checkpoint, out, update=True)
-    listing = json.loads((out / EXPORT_LISTING).read_text())
-    del listing["README.md"]
-    (out / EXPORT_LISTING).write_text(json.dumps(listing))
+    entries = listing(out)
+    del entries["README.md"]
+    relist(out, entries)
     (out / "README.md").unlink()
     monkeypatch.setattr(ner.training.export, "add_onnx", lambda *args: (out / "README.md").write_text("# mine\n"))
     with pytest.raises(UserError, match=f"^{out / 'README.md'}: not written by an export"):
@@ -239,18 +246,17 @@ def test_the_end_of_training_export_replaces_its_own_card_and_keeps_your_files(c
 
 def test_the_runs_own_export_reads_the_hashes_of_the_checkpoint_it_sealed(checkpoint, tmp_path, monkeypatch):
     """The end of a run exports the checkpoint it sealed a moment ago (sealed_here) without hashing it again, and the
-    listing takes the copied model files' hashes from the manifest; it still lists every file as it is."""
+    record takes the copied model files' hashes from the manifest; it still lists every file as it is."""
     import ner.training.checkpoint
     import ner.training.export
 
     hashed = []
-    for module in (ner.training.export, ner.training.checkpoint):
+    for module in (files, ner.training.checkpoint):
         monkeypatch.setattr(module, "sha256_file", lambda path, real=files.sha256_file: hashed.append(path.name) or
                             real(path))
     out = export_checkpoint(checkpoint, tmp_path / "final", update=True, sealed_here=True)
     assert sorted(hashed) == ["README.md", "metrics.json", "training_args.json"]  # what the export wrote itself
-    listing = json.loads((out / EXPORT_LISTING).read_text())
-    assert listing == {p.name: files.sha256_file(p) for p in out.iterdir() if p.name != EXPORT_LISTING}
+    assert listing(out) == {p.name: files.file_entry(p) for p in out.iterdir() if p.name != files.RECORD}
     hashed.clear()
     export_checkpoint(checkpoint, tmp_path / "again")
     assert "model.safetensors" in hashed and "trainer_state.json" in hashed  # any other export verifies first
@@ -418,7 +424,7 @@ def test_resume_refuses_a_final_folder_it_would_have_to_replace(tmp_path):
     assert (out / "final" / "report.pdf").read_text() == "mine"
 
 
-@pytest.mark.parametrize("card", ["edited", "from before the listing"])
+@pytest.mark.parametrize("card", ["edited", "without a record"])
 def test_resume_refuses_a_model_card_in_final_no_record_shows_the_export_wrote(checkpoint, tmp_path, card):
     out = tmp_path / "run"
     export_checkpoint(checkpoint, out / "final")
@@ -427,7 +433,7 @@ def test_resume_refuses_a_model_card_in_final_no_record_shows_the_export_wrote(c
     if card == "edited":
         (out / "final" / "README.md").write_text("# my card\n")
     else:
-        (out / "final" / EXPORT_LISTING).unlink()
+        (out / "final" / files.RECORD).unlink()
     before = snapshot(out)
     with pytest.raises(UserError, match=f"^{re.escape(str(out / 'final' / 'README.md'))}: .*; the resumed run's "
                                         "export would replace it: move it away"):

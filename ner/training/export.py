@@ -11,22 +11,16 @@ import sys
 from pathlib import Path
 
 from ner.errors import UserError
-from ner.files import sha256_file, staged_folder
+from ner.files import RECORD, file_entry, read_record, staged_folder, write_record
+from ner.files import unrecorded as unrecorded_files
 from ner.inference.options import RUNTIME_FILES
 from ner.metrics import best_evaluation
-from ner.training.checkpoint import MANIFEST, read_state, verify
+from ner.training.checkpoint import CHECKPOINT_TOOL, MANIFEST, read_state, verify
 from ner.training.model_card import model_card
 
 log = logging.getLogger("ner")
-EXPORT_LISTING = ".ner-export.json"  # the files an export wrote, with their SHA-256 (what a replacement may replace)
+EXPORT_TOOL = "ner.export"  # the tool of OUT/.ner-record.json (ner/files.py): what a replacement may replace
 DESCRIPTION = ("training_args.json", "metrics.json", "README.md")  # what an export adds to the checkpoint's model
-# An export from before the listing has no record: files named as a model folder's count as its own, all but
-# README.md, the one file people edit there.
-UNLISTED_EXPORT_NAMES = frozenset({
-    "config.json", "generation_config.json", "model.safetensors", "training_args.json", "metrics.json",
-    "model.onnx", "model.int8.onnx", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-    "added_tokens.json", "vocab.txt", "vocab.json", "merges.txt", "spiece.model", "sentencepiece.bpe.model",
-    "spm.model", "tokenizer.model", "chat_template.jinja"})
 
 
 def export_checkpoint(checkpoint: Path, out_dir: Path, metrics: dict | None = None, onnx: bool = False,
@@ -57,15 +51,15 @@ def export_checkpoint(checkpoint: Path, out_dir: Path, metrics: dict | None = No
         (tmp / "README.md").write_text(model_card(training_args, metrics), encoding="utf-8")
         add_onnx(tmp, onnx, quantize, calibrate)
         check_out_dir(out_dir, overwrite, update)  # again: the ONNX check takes a while
-        keep_what_is_not_ours(out_dir, tmp, overwrite, known=copied_hashes(checkpoint))
+        keep_what_is_not_ours(out_dir, tmp, overwrite, known=copied_entries(checkpoint))
     return out_dir
 
 
-def copied_hashes(checkpoint: Path) -> dict[str, str]:
-    """SHA-256 of the model files an export copies, from the checkpoint's manifest (just verified, or sealed by the
-    caller), so the copies are not hashed again for the export's listing."""
-    entries = json.loads((checkpoint / MANIFEST).read_text(encoding="utf-8"))["files"]
-    return {name[len("model/"):]: entry["sha256"] for name, entry in entries.items()
+def copied_entries(checkpoint: Path) -> dict[str, dict]:
+    """The record entries of the model files an export copies, from the checkpoint's manifest (just verified, or
+    sealed by the caller), so the copies are not hashed again for the export's record."""
+    entries = read_record(checkpoint, CHECKPOINT_TOOL, MANIFEST) or {}
+    return {name[len("model/"):]: entry for name, entry in entries.items()
             if name.startswith("model/") and name.count("/") == 1 and name[len("model/"):] not in DESCRIPTION}
 
 
@@ -92,9 +86,10 @@ RUNTIME_ONLY = {name for names in RUNTIME_FILES.values() for name in names}  # w
 
 
 def files_of_export(folder: Path) -> tuple[list[Path], set[str]]:
-    """The files an export of `folder` copies (its listed ones; without a listing, every plain file but dotted
-    and ONNX ones), and the names among them that no record vouches for (edited since, or unlisted)."""
-    listed = read_listing(folder)
+    """The files an export of `folder` copies (its recorded ones; from a model folder without a record, every plain
+    file but dotted and ONNX ones), and the names among them that no record vouches for (edited since, or not in
+    it)."""
+    listed = read_record(folder, EXPORT_TOOL)
     files = [p for p in sorted(folder.iterdir()) if p.is_file() and not p.is_symlink() and not p.name.startswith(".")
              and p.name not in RUNTIME_ONLY and not p.name.endswith(".onnx") and (listed is None or p.name in listed)]
     return files, {p.name for p, _ in unrecorded(folder, {p.name for p in files})}
@@ -116,7 +111,7 @@ def onnx_names(onnx: bool, quantize: str | None, calibrate: Path | None = None) 
 def export_any(source: Path, out_dir: Path, onnx: bool = False, quantize: str | None = None,
                overwrite: bool = False, calibrate: Path | None = None) -> Path:
     """A checkpoint (manifest.json) or an exported folder (config.json + training_args.json) to `out_dir`."""
-    if (source / "manifest.json").is_file():
+    if (source / MANIFEST).is_file():
         return export_checkpoint(source, out_dir, onnx=onnx, quantize=quantize, overwrite=overwrite,
                                  calibrate=calibrate)
     if is_export(source):
@@ -126,23 +121,23 @@ def export_any(source: Path, out_dir: Path, onnx: bool = False, quantize: str | 
 
 
 def keep_what_is_not_ours(old: Path, staged: Path, overwrite: bool, unvouched: set[str] = frozenset(),
-                          known: dict[str, str] | None = None) -> None:
-    """List the new export's files in `staged` (all but `unvouched`), then link in every entry of the export at
+                          known: dict[str, dict] | None = None) -> None:
+    """Record the new export's files in `staged` (all but `unvouched`), then link in every entry of the export at
     `old` that was never its own, so the folder swap keeps them. Hard links, not moves: until the swap, `old`
     stays whole. The old export's own files that the new one does not write (ONNX files of other weights) are left
     behind with it. A file the new export also writes is replaced: if no record shows it is the old export's own,
-    only with `overwrite`, and named in the log first. `known`: SHA-256 of staged files copied from a source that
-    lists them."""
+    only with `overwrite`, and named in the log first. `known`: the entries of staged files copied from a source
+    that records them."""
     known = known or {}
-    new_files = {p.name: known.get(p.name) or sha256_file(p) for p in sorted(staged.iterdir())
+    new_files = {p.name: known.get(p.name) or file_entry(p) for p in sorted(staged.iterdir())
                  if p.is_file() and p.name not in unvouched}
-    (staged / EXPORT_LISTING).write_text(json.dumps(new_files, indent=1, sort_keys=True) + "\n")
+    write_record(staged, EXPORT_TOOL, new_files)
     if not old.is_dir():
         return
     not_ours = dict(unrecorded(old))
     for entry in sorted(old.iterdir()):
         new = staged / entry.name
-        if entry.name == EXPORT_LISTING:
+        if entry.name == RECORD:
             continue
         if new.exists() or new.is_symlink():
             if entry in not_ours and not same_contents(entry, new):
@@ -152,23 +147,10 @@ def keep_what_is_not_ours(old: Path, staged: Path, overwrite: bool, unvouched: s
 
 
 def unrecorded(folder: Path, names: set[str] | None = None) -> list[tuple[Path, str]]:
-    """The entries of export `folder` (those named in `names`, or all) that no record shows an export wrote as they
-    are now, each with why: not in its listing, or edited since (another SHA-256). Without a listing (an export from
-    before it), what is not named as a model folder's files, and README.md."""
-    listed = read_listing(folder)
-    found = []
-    for entry in sorted(folder.iterdir()):
-        if entry.name == EXPORT_LISTING or (names is not None and entry.name not in names):
-            continue
-        if entry.is_symlink() or not entry.is_file():
-            found.append((entry, "not written by an export (an export writes plain files only)"))
-        elif listed is None and entry.name not in UNLISTED_EXPORT_NAMES:
-            found.append((entry, f"no {EXPORT_LISTING} shows an export wrote it"))
-        elif listed is not None and entry.name not in listed:
-            found.append((entry, f"not written by an export (not in {EXPORT_LISTING})"))
-        elif listed is not None and sha256_file(entry) != listed[entry.name]:
-            found.append((entry, "edited since it was exported"))
-    return found
+    """The entries of export `folder` (those named in `names`, or all) that its record does not show an export wrote
+    as they are now, each with why: not in the record, or edited since."""
+    return [(path, "edited since it was exported" if edited else f"not written by an export (not in its {RECORD})")
+            for path, edited in unrecorded_files(folder, read_record(folder, EXPORT_TOOL), names)]
 
 
 def replace_unrecorded(path: Path, why: str, overwrite: bool) -> None:
@@ -183,14 +165,6 @@ def refusal(path: Path, why: str) -> str:
 
 def same_contents(a: Path, b: Path) -> bool:
     return a.is_file() and b.is_file() and not a.is_symlink() and filecmp.cmp(a, b, shallow=False)
-
-
-def read_listing(folder: Path) -> dict | None:
-    try:
-        listed = json.loads((folder / EXPORT_LISTING).read_text())
-    except (OSError, ValueError):
-        return None
-    return listed if isinstance(listed, dict) else None
 
 
 def link_tree(source: Path, target: Path) -> None:

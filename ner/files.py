@@ -30,7 +30,6 @@ import string
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path, PurePath, PurePosixPath
-from typing import NamedTuple
 
 
 def sha256_file(path: Path) -> str:
@@ -181,15 +180,15 @@ def replace_folder(new: Path, path: Path) -> None:
 RECORD = ".ner-record.json"
 
 
-def file_entry(path: Path, sha256: str | None = None) -> dict:
-    """A record's entry pinning the file at `path` as it is now (`sha256`: already known)."""
-    return {"size": path.stat().st_size, "sha256": sha256 or sha256_file(path)}
+def file_entry(path: Path) -> dict:
+    """A record's entry pinning the file at `path` as it is now."""
+    return {"size": path.stat().st_size, "sha256": sha256_file(path)}
 
 
 def write_record(folder: Path, tool: str, entries: dict[str, dict], name: str = RECORD, fsync: bool = False,
                  **more: object) -> None:
     """Write `folder/name`: what `tool` wrote in `folder` (`more`: the writer's own keys beside it)."""
-    record = {**more, "tool": tool, "files": dict(sorted(entries.items()))}
+    record = {**more, "tool": tool, "files": entries}
     atomic_write_text(Path(folder) / name, json.dumps(record, indent=1, sort_keys=True) + "\n", fsync)
 
 
@@ -204,36 +203,28 @@ def read_record(folder: Path, tool: str, name: str = RECORD) -> dict[str, dict] 
     return {path: entry for path, entry in record["files"].items() if isinstance(entry, dict)}
 
 
-class Unrecorded(NamedTuple):
-    path: Path
-    edited: bool  # True: recorded, but not as it is now (other bytes, or no longer a plain file); False: not recorded
-
-
 def unrecorded(folder: Path, entries: dict[str, dict] | None, names: set[str] | None = None,
-               contents: bool = True, name: str = RECORD) -> list[Unrecorded]:
-    """What `folder` holds, at any depth, that `entries` (a record's, None: no record) does not vouch for: a path not
-    recorded (a folder named once, without what it holds, unless it holds a recorded path), and with `contents` a
-    pinned file whose bytes changed. `names`: only these top-level names. The record file itself is the tool's."""
+               contents: bool = True, name: str = RECORD) -> list[tuple[Path, bool]]:
+    """What `folder` holds, at any depth, that `entries` (a record's; None: no record) does not vouch for, each with
+    whether it is recorded but edited since: a path not recorded (a folder named once, unless it holds a recorded
+    path) and, with `contents`, a pinned file whose bytes changed. `names`: only these; the record `name` is ours."""
     entries = entries or {}
     holders = {parent.as_posix() for path in entries for parent in PurePosixPath(path).parents} - {"."}
-    found: list[Unrecorded] = []
+    found = []
     for root, dirs, files in os.walk(folder):
         base = PurePosixPath(Path(root).relative_to(folder).as_posix())
         for entry_name in sorted(dirs + files):
-            relative = (base / entry_name).as_posix()
-            path = Path(root) / entry_name
-            if base == PurePosixPath(".") and (entry_name == name or names is not None and entry_name not in names):
-                walked = False
+            relative, path = (base / entry_name).as_posix(), Path(root) / entry_name
+            if relative == name or (names is not None and relative not in names):
+                pass  # not asked about
             elif relative not in entries and relative not in holders:
-                found.append(Unrecorded(path, edited=False))
-                walked = False
+                found.append((path, False))
             elif contents and "sha256" in entries.get(relative, {}) and not same_bytes(path, entries[relative]):
-                found.append(Unrecorded(path, edited=True))
-                walked = False
+                found.append((path, True))
             else:
-                walked = True
-            if entry_name in dirs and not walked:
-                dirs.remove(entry_name)  # named whole, or not asked about: what it holds is not walked
+                continue  # the tool's: a folder is walked
+            if entry_name in dirs:
+                dirs.remove(entry_name)
     return sorted(found)
 
 

@@ -137,8 +137,6 @@ def keep_what_is_not_ours(old: Path, staged: Path, overwrite: bool, unvouched: s
     not_ours = dict(unrecorded(old))
     for entry in sorted(old.iterdir()):
         new = staged / entry.name
-        if entry.name == RECORD:
-            continue
         if new.exists() or new.is_symlink():
             if entry in not_ours and not same_contents(entry, new):
                 replace_unrecorded(entry, not_ours[entry], overwrite)

@@ -528,3 +528,25 @@ def test_temporary_of_recognises_exactly_the_names_made_here(tmp_path):
         assert files.temporary_of(name) is None, name
     with pytest.raises(ValueError):  # a name it would not recognise is never made
         files.new_file_beside(tmp_path / "a.json", ".txt")
+
+
+def test_a_record_vouches_for_the_bytes_it_pins_and_the_paths_it_lists_and_is_its_tools_alone(tmp_path):
+    """The one record every folder the tool writes into has: pinned files, free paths (a tracker's), the rest."""
+    folder = tmp_path / "out"
+    (folder / "logs" / "run1").mkdir(parents=True)
+    (folder / "weights").write_bytes(b"w")
+    (folder / "logs" / "events").write_bytes(b"e")
+    files.write_record(folder, "ner.x", {"weights": files.file_entry(folder / "weights"), "logs": {},
+                                         "logs/events": {}, "logs/run1": {}}, step=3)
+    entries = files.read_record(folder, "ner.x")
+    assert files.unrecorded(folder, entries) == [] and files.read_record(folder, "ner.y") is None
+    (folder / "logs" / "events").write_bytes(b"grown")  # a free path: its contents are the tool's whatever they are
+    (folder / "logs" / "run1" / "mine.txt").write_text("mine")  # inside a folder the tool made
+    (folder / "notes").mkdir()
+    (folder / "notes" / "a.txt").write_text("mine")
+    (folder / "weights").write_bytes(b"W")  # the same size, other bytes
+    assert files.unrecorded(folder, entries) == [(folder / "logs" / "run1" / "mine.txt", False),
+                                                 (folder / "notes", False), (folder / "weights", True)]
+    assert files.unrecorded(folder, entries, contents=False) == files.unrecorded(folder, entries)[:2]
+    assert files.unrecorded(folder, entries, names={"weights"}) == [(folder / "weights", True)]
+    assert [path.name for path, _ in files.unrecorded(folder, None)] == ["logs", "notes", "weights"]

@@ -70,7 +70,7 @@ def export_folder(model_dir: Path, out_dir: Path, onnx: bool = False, quantize: 
     themselves; what is not the export's stays."""
     out_dir = Path(out_dir)
     in_place = same_folder(model_dir, out_dir)
-    files, unvouched = files_of_export(model_dir)
+    files, unvouched = files_of_export(model_dir, in_place)
     names = onnx_names(onnx, quantize, calibrate) | (set() if in_place else {p.name for p in files})
     check_out_dir(out_dir, overwrite, in_place, names)
     with staged_folder(out_dir) as tmp:
@@ -85,13 +85,16 @@ def export_folder(model_dir: Path, out_dir: Path, onnx: bool = False, quantize: 
 RUNTIME_ONLY = {name for names in RUNTIME_FILES.values() for name in names}  # written again by an export that asks
 
 
-def files_of_export(folder: Path) -> tuple[list[Path], set[str]]:
+def files_of_export(folder: Path, in_place: bool) -> tuple[list[Path], set[str]]:
     """The files an export of `folder` copies (its recorded ones; from a model folder without a record, every plain
-    file but dotted and ONNX ones), and the names among them that no record vouches for (edited since, or not in
-    it)."""
+    file but dotted and ONNX ones), and the names among them the new export's record must not vouch for: those its
+    record does not (edited since, or not in it). A model folder no export wrote, copied elsewhere, is the user's to
+    hand in whole: its copies are the new export's writing; in place, nothing was written."""
     listed = read_record(folder, EXPORT_TOOL)
     files = [p for p in sorted(folder.iterdir()) if p.is_file() and not p.is_symlink() and not p.name.startswith(".")
              and p.name not in RUNTIME_ONLY and not p.name.endswith(".onnx") and (listed is None or p.name in listed)]
+    if listed is None and not in_place:
+        return files, set()
     return files, {p.name for p, _ in unrecorded(folder, {p.name for p in files})}
 
 

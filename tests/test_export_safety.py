@@ -16,6 +16,7 @@ from conftest import python_module, run_cli, tiny_args
 import ner.inference.onnx_export
 from ner import files
 from ner import train as train_cli
+from ner.backends import trackers
 from ner.errors import UserError
 from ner.export import main as export_main
 from ner.training import checkpoint as ckpt
@@ -271,12 +272,12 @@ def claim(out, overwrite=True, resume=None, resume_from=None):
 
 def trackers_of_a_run(out):
     """What tensorboard and mlflow leave in trackers/, recorded the way a run records it."""
-    ckpt.claim_tracker_files(out, claimed=True)
+    trackers.claim_tracker_files(out, claimed=True)
     (out / "trackers" / "ner" / "1700000000.5").mkdir(parents=True)
     (out / "trackers" / "ner" / "events.out.tfevents.1700000000.host.1.0").write_bytes(b"events")
     (out / "trackers" / "ner" / "1700000000.5" / "hparams.yml").write_text("seed: 7\n")
     (out / "trackers" / "mlflow.db").write_bytes(b"sqlite")
-    ckpt.record_tracker_files(out, release=True)
+    trackers.record_tracker_files(out, release=True)
 
 
 def a_finished_run(out, export, checkpoint):
@@ -368,13 +369,13 @@ def test_the_tracker_record_never_lists_what_was_there_before_the_run_or_a_refus
     (out / "trackers" / "mine.txt").write_text("mine")  # added between two runs
     claim(out, overwrite=False, resume="auto")  # resuming: nothing is removed
     (out / "trackers" / "ner" / "events.out.tfevents.1700000100.host.2.0").write_bytes(b"resumed")
-    ckpt.record_tracker_files(out)  # at a checkpoint
-    assert ckpt.unrecorded_tracker_files(out) == [out / "trackers" / "mine.txt"]
+    trackers.record_tracker_files(out)  # at a checkpoint
+    assert trackers.unrecorded_tracker_files(out) == [out / "trackers" / "mine.txt"]
     (out / "trackers" / "later.txt").write_text("mine too")
     with pytest.raises(UserError, match="mine.txt"):
         claim(out)  # refused: from now on this process holds no run in `out`, so nothing joins the record
-    ckpt.record_tracker_files(out, release=True)
-    assert ckpt.unrecorded_tracker_files(out) == [out / "trackers" / "later.txt", out / "trackers" / "mine.txt"]
+    trackers.record_tracker_files(out, release=True)
+    assert trackers.unrecorded_tracker_files(out) == [out / "trackers" / "later.txt", out / "trackers" / "mine.txt"]
 
 
 def test_a_run_with_trackers_is_replaced_but_not_with_a_file_of_yours_in_trackers(tiny_bert, tiny_data, tmp_path,
@@ -384,7 +385,7 @@ def test_a_run_with_trackers_is_replaced_but_not_with_a_file_of_yours_in_tracker
     args = tiny_args(tiny_bert, tiny_data, out, "--report-to", "tensorboard", "--logging-steps", "2",
                      "--max-steps", "4")
     assert train_cli.main(args) == 0
-    assert ckpt.unrecorded_tracker_files(out) == [] and (out / "trackers" / "ner").is_dir()
+    assert trackers.unrecorded_tracker_files(out) == [] and (out / "trackers" / "ner").is_dir()
     (out / "trackers" / "ner" / "my_notes.md").write_text("mine")
     before = snapshot(out)
     capsys.readouterr()
@@ -397,7 +398,7 @@ def test_a_run_with_trackers_is_replaced_but_not_with_a_file_of_yours_in_tracker
     assert snapshot(out) == before
     (out / "trackers" / "ner" / "my_notes.md").unlink()
     assert train_cli.main([*args, "--overwrite-output-dir"]) == 0  # only the run's own files: replaced
-    assert ckpt.unrecorded_tracker_files(out) == []
+    assert trackers.unrecorded_tracker_files(out) == []
     assert len(list((out / "trackers" / "ner").glob("events.out.tfevents.*"))) == 1  # the new run's only
 
 
@@ -412,7 +413,7 @@ def test_the_record_is_written_after_the_trackers_close(tmp_path, monkeypatch):
 
     monkeypatch.setattr(train_cli, "launch", launch)
     assert train_cli.main(["--output-dir", str(out)]) == 0
-    assert ckpt.recorded_tracker_paths(out) == {"wandb", "wandb/wandb-summary.json"}
+    assert trackers.recorded_tracker_paths(out) == {"wandb", "wandb/wandb-summary.json"}
 
 
 def test_resume_refuses_a_final_folder_it_would_have_to_replace(tmp_path):

@@ -14,30 +14,25 @@ name of ner/files.py (`.step_<N>.new-<random>`; `.tmp-step_<N>` before), every f
 written last, and only then renamed into place, so a `step_<N>` folder always has its manifest. The manifest
 is also the record of what the run wrote there (ner/files.py's one format): rotation and --overwrite-output-dir
 remove a checkpoint only when it holds nothing else.
-
-OUTPUT_DIR/trackers/.ner-record.json lists every path the --report-to trackers wrote in trackers/: brought up to
-date at each checkpoint and when the run ends (trackers write their last files as they close), by the process
-whose run claimed the folder, and never listing what was there, unlisted, when that run began.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import random
 import re
 import shutil
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 import numpy as np
 import torch
 from safetensors.torch import load_file
 
 from ner.backends import Backend
+from ner.backends.trackers import record_tracker_files
 from ner.errors import UserError
 from ner.files import (
-    RECORD,
     file_entry,
     fsync_path,
     new_folder_beside,
@@ -52,9 +47,8 @@ from ner.files import (
 log = logging.getLogger(__name__)
 
 CHECKPOINTS = "checkpoints"
-TRACKERS = "trackers"  # OUTPUT_DIR/trackers/: the --report-to trackers' local files
 MANIFEST = "manifest.json"
-CHECKPOINT_TOOL = "ner.train"  # the tool of a checkpoint's manifest and of trackers/'s record (ner/files.py)
+CHECKPOINT_TOOL = "ner.train"  # the tool of a checkpoint's manifest, ner/files.py's record of its folder
 CHECKPOINT_NAME = re.compile(r"step_\d+")
 LEGACY_STAGING_NAME = re.compile(r"\.tmp-step_\d+")  # a save's folder before ner/files.py named it: still ours
 STATE = "trainer_state.json"
@@ -285,49 +279,3 @@ def not_in_manifest(folder: Path) -> list[Path]:
     contents of what it lists are verify()'s to check."""
     entries = read_record(folder, CHECKPOINT_TOOL, MANIFEST)
     return [path for path, _ in unrecorded(folder, entries, contents=False, name=MANIFEST if entries else "")]
-
-
-def tree_paths(folder: Path) -> set[str]:
-    """Every path under `folder` (files, folders, links; links not followed), relative and `/`-separated."""
-    found: set[str] = set()
-    for root, dirs, files in os.walk(folder):
-        base = PurePosixPath(Path(root).relative_to(folder).as_posix())
-        found |= {(base / name).as_posix() for name in dirs + files}
-    return found
-
-
-# Output folders whose run this process holds -> the paths in their trackers/ that were not the run's when it began
-_tracker_runs: dict[Path, frozenset[str]] = {}
-
-
-def recorded_tracker_paths(output_dir: Path) -> set[str] | None:
-    entries = read_record(Path(output_dir) / TRACKERS, CHECKPOINT_TOOL)
-    return None if entries is None else set(entries)
-
-
-def claim_tracker_files(output_dir: Path, claimed: bool) -> None:
-    """A run starts in `output_dir` (claimed) or was refused it: from now on, and only if claimed, this process
-    adds what the trackers write to the record; what trackers/ holds unlisted now never joins it."""
-    key = Path(output_dir).resolve()
-    _tracker_runs.pop(key, None)
-    if claimed:
-        folder = Path(output_dir) / TRACKERS
-        present = tree_paths(folder) if folder.is_dir() else set()
-        _tracker_runs[key] = frozenset(present - (recorded_tracker_paths(output_dir) or set()) - {RECORD})
-
-
-def record_tracker_files(output_dir: Path, release: bool = False) -> None:
-    """Write trackers/.ner-record.json if this process's run holds `output_dir` (`release`: the run is over)."""
-    key = Path(output_dir).resolve()
-    not_ours = _tracker_runs.pop(key, None) if release else _tracker_runs.get(key)
-    folder = Path(output_dir) / TRACKERS
-    if not_ours is None or not folder.is_dir():
-        return
-    write_record(folder, CHECKPOINT_TOOL, {path: {} for path in tree_paths(folder) - not_ours - {RECORD}})
-
-
-def unrecorded_tracker_files(output_dir: Path) -> list[Path]:
-    """What trackers/ holds that its record does not list (all of it without a record: a run from before the
-    record, or one killed before its first checkpoint)."""
-    folder = Path(output_dir) / TRACKERS
-    return [path for path, _ in unrecorded(folder, read_record(folder, CHECKPOINT_TOOL))]

@@ -72,7 +72,7 @@ def record_tracker_files(output_dir: Path, release: bool = False) -> None:
 
 
 def unrecorded_tracker_files(output_dir: Path) -> list[Path]:
-    """What trackers/ holds that its record does not list (all of it without a record: a run from before the
-    record, or one killed before its first checkpoint)."""
+    """What trackers/ holds that its record does not list (all of it without a record: a run killed before its first
+    checkpoint)."""
     folder = Path(output_dir) / TRACKERS_DIR
     return [path for path, _ in unrecorded(folder, read_record(folder, TRACKERS_TOOL))]

@@ -124,12 +124,6 @@ def _usage_section(args: dict) -> str:
 def _casing_note(args: dict) -> str:
     if args.get("casing") != "types":
         return ""
-    from ner.data.encode import CASING_SCHEME
-
-    if args.get("casing_scheme") != CASING_SCHEME:  # exports trained before "unknown" had a type of its own
-        return (" Its encoder lower-cases text, so it was trained with each word's case as a token type "
-                "(`token_type_ids`: 0 no capital letter, 1 a capital first letter, 2 all capitals). The `ner` tools "
-                "compute these; `pipeline` passes 0 everywhere, as for lower-case text, and finds fewer entities.")
     return (" Its encoder lower-cases text, so it was trained with each word's case as a token type "
             "(`token_type_ids`: 1 no capital letter, 2 a capital first letter, 3 all capitals (two letters or "
             "more); 0 is \"case unknown\", what `pipeline` passes, which the model saw in a share of its training "

@@ -12,12 +12,12 @@ training_args.json, metrics.json and a README.md model card (with --onnx: model.
 model.int8.onnx for `--runtime onnx|onnx-int8`, ner/inference/onnx_export.py). It is written beside its final
 name and renamed into place, so a crash never leaves half an export. OUT must be new, empty, or (with
 --overwrite) a model folder this tool exported; a folder of anything else is refused, never replaced.
-Replacing an export replaces only the files an export wrote (listed with their SHA-256 in OUT/.ner-export.json):
+Replacing an export replaces only the files an export wrote (recorded with their SHA-256 in OUT/.ner-record.json):
 everything else in OUT (a model repository's .git/, your notes) stays, carried into the new folder as hard links.
 A file in OUT that the new export also writes but that no record shows an export wrote as it is now (your own
-README.md, a model card edited since, any README.md of an export from before the listing) is never replaced
-without --overwrite; with it, the log names the file first. OUT may be SRC itself (an export) to add ONNX files
-in place; the end of training exports into OUTPUT_DIR/final the same way, without --overwrite.
+README.md, a model card edited since) is never replaced without --overwrite; with it, the log names the file
+first. OUT may be SRC itself (an export) to add ONNX files in place; the end of training exports into
+OUTPUT_DIR/final the same way, without --overwrite.
 """
 
 from __future__ import annotations

@@ -9,11 +9,19 @@ never half of one; a failure removes only what was created here.
     with staged_file(path) as tmp: ...     # a writer that wants a path (np.savez, savefig, torch.onnx.export)
     with staged_folder(path) as tmp: ...   # a whole folder, renamed onto `path` when the block succeeds
     temporary_of(name)                     # the final name of a temporary name made here, else None
+
+And the one record of what the tool wrote into a folder (exports, checkpoints, trackers/, retraining runs, corpus
+output), so that nothing else there is ever removed or replaced:
+
+    write_record(folder, tool, entries)    # .ner-record.json (or a manifest that is also the record)
+    read_record(folder, tool)              # its entries, or None: no record of `tool` there
+    unrecorded(folder, entries)            # what the record does not vouch for, each with whether it was edited
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import secrets
@@ -21,7 +29,7 @@ import shutil
 import string
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path, PurePath
+from pathlib import Path, PurePath, PurePosixPath
 
 
 def sha256_file(path: Path) -> str:
@@ -120,12 +128,6 @@ def staged_file(path: Path, fsync: bool = False) -> Iterator[Path]:
         fsync_path(path.parent)
 
 
-def atomic_write_bytes(path: Path, data: bytes, fsync: bool = False) -> Path:
-    with staged_file(path, fsync) as tmp:
-        tmp.write_bytes(data)
-    return Path(path)
-
-
 def atomic_write_text(path: Path, text: str, fsync: bool = False) -> Path:
     """UTF-8, `\\n` line ends on every platform."""
     with staged_file(path, fsync) as tmp, open(tmp, "w", encoding="utf-8", newline="\n") as handle:
@@ -169,3 +171,64 @@ def replace_folder(new: Path, path: Path) -> None:
         raise
     fsync_path(path.parent)
     shutil.rmtree(aside, ignore_errors=True)
+
+
+# The record, one format on disk: {"tool": "ner.export", "files": {PATH: ENTRY, ...}} and whatever else its writer
+# keeps there (a checkpoint's step, a corpus run's pins). PATH is relative and `/`-separated. ENTRY {"size": N,
+# "sha256": HEX} vouches for those bytes only (a file edited since is no longer the tool's); {} for a path whose
+# contents the tool does not pin (a tracker's growing files, its folders, a part not yet written).
+RECORD = ".ner-record.json"
+
+
+def file_entry(path: Path) -> dict:
+    """A record's entry pinning the file at `path` as it is now."""
+    return {"size": path.stat().st_size, "sha256": sha256_file(path)}
+
+
+def write_record(folder: Path, tool: str, entries: dict[str, dict], name: str = RECORD, fsync: bool = False,
+                 **more: object) -> None:
+    """Write `folder/name`: what `tool` wrote in `folder` (`more`: the writer's own keys beside it)."""
+    record = {**more, "tool": tool, "files": entries}
+    atomic_write_text(Path(folder) / name, json.dumps(record, indent=1, sort_keys=True) + "\n", fsync)
+
+
+def read_record(folder: Path, tool: str, name: str = RECORD) -> dict[str, dict] | None:
+    """The entries of `tool`'s record in `folder`; None when there is none (or it is unreadable, or another's)."""
+    try:
+        record = json.loads((Path(folder) / name).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or record.get("tool") != tool or not isinstance(record.get("files"), dict):
+        return None
+    return {path: entry for path, entry in record["files"].items() if isinstance(entry, dict)}
+
+
+def unrecorded(folder: Path, entries: dict[str, dict] | None, names: set[str] | None = None,
+               contents: bool = True, name: str = RECORD) -> list[tuple[Path, bool]]:
+    """What `folder` holds, at any depth, that `entries` (a record's; None: no record) does not vouch for, each with
+    whether it is recorded but edited since: a path not recorded (a folder named once, unless it holds a recorded
+    path) and, with `contents`, a pinned file whose bytes changed. `names`: only these; the record `name` is ours."""
+    entries = entries or {}
+    holders = {parent.as_posix() for path in entries for parent in PurePosixPath(path).parents} - {"."}
+    found = []
+    for root, dirs, files in os.walk(folder):
+        base = PurePosixPath(Path(root).relative_to(folder).as_posix())
+        for entry_name in sorted(dirs + files):
+            relative, path = (base / entry_name).as_posix(), Path(root) / entry_name
+            if relative == name or (names is not None and relative not in names):
+                pass  # not asked about
+            elif relative not in entries and relative not in holders:
+                found.append((path, False))
+            elif contents and "sha256" in entries.get(relative, {}) and not same_bytes(path, entries[relative]):
+                found.append((path, True))
+            else:
+                continue  # the tool's: a folder is walked
+            if entry_name in dirs:
+                dirs.remove(entry_name)
+    return sorted(found)
+
+
+def same_bytes(path: Path, entry: dict) -> bool:
+    """`path` is a plain file holding the bytes `entry` pins."""
+    return (path.is_file() and not path.is_symlink() and path.stat().st_size == entry.get("size")
+            and sha256_file(path) == entry["sha256"])

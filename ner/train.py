@@ -20,8 +20,8 @@ import sys
 from pathlib import Path
 
 from ner.backends import Backend, launch
+from ner.backends.trackers import record_tracker_files
 from ner.errors import cli, exit_now, process_rank_from_env
-from ner.training.checkpoint import record_tracker_files
 from ner.training.config import parse_config
 from ner.training.run import run
 

@@ -176,17 +176,16 @@ def test_a_checkpoint_from_before_the_unknown_type_does_not_resume(cased_run, ti
     import shutil
 
     from ner import train as train_cli
-    from ner.files import sha256_file
-    from ner.training.checkpoint import MANIFEST, STATE, list_checkpoints
+    from ner.files import file_entry, read_record, write_record
+    from ner.training.checkpoint import CHECKPOINT_TOOL, MANIFEST, STATE, list_checkpoints
 
     old = tmp_path / "old"
     shutil.copytree(list_checkpoints(cased_run.parent)[-1], old)
     state = json.loads((old / STATE).read_text())
     del state["config"]["casing_scheme"]  # what a checkpoint written before the scheme was recorded holds
     (old / STATE).write_text(json.dumps(state))
-    manifest = json.loads((old / MANIFEST).read_text())  # sealed as such a checkpoint was
-    manifest["files"][STATE] = {"size": (old / STATE).stat().st_size, "sha256": sha256_file(old / STATE)}
-    (old / MANIFEST).write_text(json.dumps(manifest))
+    manifest = read_record(old, CHECKPOINT_TOOL, MANIFEST)  # sealed as such a checkpoint was
+    write_record(old, CHECKPOINT_TOOL, {**manifest, STATE: file_entry(old / STATE)}, MANIFEST)
     code = train_cli.main(tiny_args(tiny_bert, tiny_data, tmp_path / "out", "--num-epochs", "3",
                                     "--learning-rate", "3e-3", "--resume", str(old)))
     err = capsys.readouterr().err

@@ -10,6 +10,7 @@ import pytest
 from conftest import python_module, read_state, run_cli, tiny_args
 
 from ner import train as train_cli
+from ner.errors import UserError
 from ner.metrics import best_evaluation
 from ner.training.checkpoint import list_checkpoints
 
@@ -268,6 +269,19 @@ def test_model_folder_that_does_not_exist(tiny_data, tmp_path, capsys):
     code = train_cli.main(tiny_args(missing, tiny_data, tmp_path / "out"))
     assert_clean_failure(code, capsys.readouterr().err, tmp_path / "out",
                          f"--model {missing}: folder does not exist")
+
+
+@pytest.mark.parametrize("name, hub_id", [("bert-base-cased", True), ("org/name.v2", True), ("./bert", False),
+                                           ("/models/bert", False), ("org/name/sub", False), ("~/bert", False),
+                                           ("my bert", False), ("C:\\bert", False)])
+def test_a_model_name_not_spelled_as_a_hub_id_is_a_missing_folder(name, hub_id):
+    """One rule tells a hub id from a folder: model loading and the model card's hub link both use it."""
+    from ner.training.model import is_hub_id, resolve_model_path
+
+    assert is_hub_id(name) == hub_id
+    if not hub_id:
+        with pytest.raises(UserError, match="folder does not exist"):
+            resolve_model_path(name)
 
 
 def test_validation_label_unseen_in_training(tiny_bert, tiny_data, tmp_path, capsys):

@@ -201,7 +201,7 @@ def test_a_renamed_flag_is_caught(monkeypatch):
 def test_the_model_cards_commands_parse_and_say_what_predict_does(tmp_path, monkeypatch):
     """The card every export carries is documentation too: its commands parse, and it describes raw-text
     input as ner.predict reads it (one JSON line per input line, character offsets)."""
-    from ner.training.export import model_card
+    from ner.training.model_card import model_card
 
     card = tmp_path / "README.md"
     card.write_text(model_card({"model": "bert-base-cased", "label_list": ["O", "B-PER", "I-PER"],

@@ -16,17 +16,26 @@ from conftest import python_module, run_cli, tiny_args
 import ner.inference.onnx_export
 from ner import files
 from ner import train as train_cli
+from ner.backends import trackers
 from ner.errors import UserError
 from ner.export import main as export_main
 from ner.training import checkpoint as ckpt
-from ner.training.export import EXPORT_LISTING, export_checkpoint
+from ner.training.export import EXPORT_TOOL, export_checkpoint
 from ner.training.run import claim_output_dir
 
 
 def list_as_export(folder):
-    """The listing an export writes: its files with their SHA-256."""
-    listing = {p.name: files.sha256_file(p) for p in sorted(folder.iterdir()) if p.is_file()}
-    (folder / EXPORT_LISTING).write_text(json.dumps(listing))
+    """The record an export writes: its files with their size and SHA-256."""
+    entries = {p.name: files.file_entry(p) for p in sorted(folder.iterdir()) if p.is_file() and p.name != files.RECORD}
+    files.write_record(folder, EXPORT_TOOL, entries)
+
+
+def listing(folder):
+    return files.read_record(folder, EXPORT_TOOL)
+
+
+def relist(folder, entries):
+    files.write_record(folder, EXPORT_TOOL, entries)
 
 
 @pytest.fixture
@@ -47,9 +56,8 @@ def checkpoint(random_model, tmp_path):
     state = {"config": {"model": "tiny-bert"}, "label_list": ["O", "B-PER", "I-PER"], "tag_scheme": "IOB2",
              "global_step": 4, "versions": {}, "eval_history": []}
     (folder / "trainer_state.json").write_text(json.dumps(state))
-    manifest = {p.relative_to(folder).as_posix(): {"size": p.stat().st_size, "sha256": files.sha256_file(p)}
-                for p in sorted(folder.rglob("*")) if p.is_file()}
-    (folder / "manifest.json").write_text(json.dumps({"step": 4, "files": manifest}))
+    manifest = {p.relative_to(folder).as_posix(): files.file_entry(p) for p in sorted(folder.rglob("*")) if p.is_file()}
+    files.write_record(folder, ckpt.CHECKPOINT_TOOL, manifest, ckpt.MANIFEST, step=4)
     return folder
 
 
@@ -180,7 +188,7 @@ def test_a_readme_of_yours_in_an_export_is_replaced_only_with_overwrite_and_name
     monkeypatch.setattr(ner.inference.onnx_export, "write_onnx", fake_onnx)
     assert export_main([str(out), str(out), "--onnx"]) == 0  # in place: the export's files only
     assert (out / "README.md").read_text() == "# my model card\n" and (out / "model.onnx").is_file()
-    assert "README.md" not in json.loads((out / EXPORT_LISTING).read_text())
+    assert "README.md" not in listing(out)
 
     real_replace, warned_before_swap = files.replace_folder, []
 
@@ -201,9 +209,9 @@ def test_the_end_of_training_export_refuses_to_replace_a_card_no_record_shows_it
     out = tmp_path / "final"
     export_checkpoint(checkpoint, out, update=True)
     if card == "yours":  # an export that listed no card
-        listing = json.loads((out / EXPORT_LISTING).read_text())
-        del listing["README.md"]
-        (out / EXPORT_LISTING).write_text(json.dumps(listing))
+        entries = listing(out)
+        del entries["README.md"]
+        relist(out, entries)
     (out / "README.md").write_text("# my notes on this model\n")
     before, work = snapshot(tmp_path), []
     monkeypatch.setattr(ner.training.export, "add_onnx", lambda *args: work.append(args))
@@ -215,9 +223,9 @@ def test_the_end_of_training_export_refuses_to_replace_a_card_no_record_shows_it
 def test_a_card_of_yours_written_while_the_export_runs_is_not_replaced(checkpoint, tmp_path, monkeypatch):
     out = tmp_path / "final"
     export_checkpoint(checkpoint, out, update=True)
-    listing = json.loads((out / EXPORT_LISTING).read_text())
-    del listing["README.md"]
-    (out / EXPORT_LISTING).write_text(json.dumps(listing))
+    entries = listing(out)
+    del entries["README.md"]
+    relist(out, entries)
     (out / "README.md").unlink()
     monkeypatch.setattr(ner.training.export, "add_onnx", lambda *args: (out / "README.md").write_text("# mine\n"))
     with pytest.raises(UserError, match=f"^{out / 'README.md'}: not written by an export"):
@@ -239,18 +247,16 @@ def test_the_end_of_training_export_replaces_its_own_card_and_keeps_your_files(c
 
 def test_the_runs_own_export_reads_the_hashes_of_the_checkpoint_it_sealed(checkpoint, tmp_path, monkeypatch):
     """The end of a run exports the checkpoint it sealed a moment ago (sealed_here) without hashing it again, and the
-    listing takes the copied model files' hashes from the manifest; it still lists every file as it is."""
+    record takes the copied model files' hashes from the manifest; it still lists every file as it is."""
     import ner.training.checkpoint
-    import ner.training.export
 
     hashed = []
-    for module in (ner.training.export, ner.training.checkpoint):
+    for module in (files, ner.training.checkpoint):
         monkeypatch.setattr(module, "sha256_file", lambda path, real=files.sha256_file: hashed.append(path.name) or
                             real(path))
     out = export_checkpoint(checkpoint, tmp_path / "final", update=True, sealed_here=True)
     assert sorted(hashed) == ["README.md", "metrics.json", "training_args.json"]  # what the export wrote itself
-    listing = json.loads((out / EXPORT_LISTING).read_text())
-    assert listing == {p.name: files.sha256_file(p) for p in out.iterdir() if p.name != EXPORT_LISTING}
+    assert listing(out) == {p.name: files.file_entry(p) for p in out.iterdir() if p.name != files.RECORD}
     hashed.clear()
     export_checkpoint(checkpoint, tmp_path / "again")
     assert "model.safetensors" in hashed and "trainer_state.json" in hashed  # any other export verifies first
@@ -265,12 +271,12 @@ def claim(out, overwrite=True, resume=None, resume_from=None):
 
 def trackers_of_a_run(out):
     """What tensorboard and mlflow leave in trackers/, recorded the way a run records it."""
-    ckpt.claim_tracker_files(out, claimed=True)
+    trackers.claim_tracker_files(out, claimed=True)
     (out / "trackers" / "ner" / "1700000000.5").mkdir(parents=True)
     (out / "trackers" / "ner" / "events.out.tfevents.1700000000.host.1.0").write_bytes(b"events")
     (out / "trackers" / "ner" / "1700000000.5" / "hparams.yml").write_text("seed: 7\n")
     (out / "trackers" / "mlflow.db").write_bytes(b"sqlite")
-    ckpt.record_tracker_files(out, release=True)
+    trackers.record_tracker_files(out, release=True)
 
 
 def a_finished_run(out, export, checkpoint):
@@ -361,13 +367,13 @@ def test_the_tracker_record_never_lists_what_was_there_before_the_run_or_a_refus
     (out / "trackers" / "mine.txt").write_text("mine")  # added between two runs
     claim(out, overwrite=False, resume="auto")  # resuming: nothing is removed
     (out / "trackers" / "ner" / "events.out.tfevents.1700000100.host.2.0").write_bytes(b"resumed")
-    ckpt.record_tracker_files(out)  # at a checkpoint
-    assert ckpt.unrecorded_tracker_files(out) == [out / "trackers" / "mine.txt"]
+    trackers.record_tracker_files(out)  # at a checkpoint
+    assert trackers.unrecorded_tracker_files(out) == [out / "trackers" / "mine.txt"]
     (out / "trackers" / "later.txt").write_text("mine too")
     with pytest.raises(UserError, match="mine.txt"):
         claim(out)  # refused: from now on this process holds no run in `out`, so nothing joins the record
-    ckpt.record_tracker_files(out, release=True)
-    assert ckpt.unrecorded_tracker_files(out) == [out / "trackers" / "later.txt", out / "trackers" / "mine.txt"]
+    trackers.record_tracker_files(out, release=True)
+    assert trackers.unrecorded_tracker_files(out) == [out / "trackers" / "later.txt", out / "trackers" / "mine.txt"]
 
 
 def test_a_run_with_trackers_is_replaced_but_not_with_a_file_of_yours_in_trackers(tiny_bert, tiny_data, tmp_path,
@@ -377,7 +383,7 @@ def test_a_run_with_trackers_is_replaced_but_not_with_a_file_of_yours_in_tracker
     args = tiny_args(tiny_bert, tiny_data, out, "--report-to", "tensorboard", "--logging-steps", "2",
                      "--max-steps", "4")
     assert train_cli.main(args) == 0
-    assert ckpt.unrecorded_tracker_files(out) == [] and (out / "trackers" / "ner").is_dir()
+    assert trackers.unrecorded_tracker_files(out) == [] and (out / "trackers" / "ner").is_dir()
     (out / "trackers" / "ner" / "my_notes.md").write_text("mine")
     before = snapshot(out)
     capsys.readouterr()
@@ -390,7 +396,7 @@ def test_a_run_with_trackers_is_replaced_but_not_with_a_file_of_yours_in_tracker
     assert snapshot(out) == before
     (out / "trackers" / "ner" / "my_notes.md").unlink()
     assert train_cli.main([*args, "--overwrite-output-dir"]) == 0  # only the run's own files: replaced
-    assert ckpt.unrecorded_tracker_files(out) == []
+    assert trackers.unrecorded_tracker_files(out) == []
     assert len(list((out / "trackers" / "ner").glob("events.out.tfevents.*"))) == 1  # the new run's only
 
 
@@ -405,7 +411,7 @@ def test_the_record_is_written_after_the_trackers_close(tmp_path, monkeypatch):
 
     monkeypatch.setattr(train_cli, "launch", launch)
     assert train_cli.main(["--output-dir", str(out)]) == 0
-    assert ckpt.recorded_tracker_paths(out) == {"wandb", "wandb/wandb-summary.json"}
+    assert trackers.recorded_tracker_paths(out) == {"wandb", "wandb/wandb-summary.json"}
 
 
 def test_resume_refuses_a_final_folder_it_would_have_to_replace(tmp_path):
@@ -417,7 +423,7 @@ def test_resume_refuses_a_final_folder_it_would_have_to_replace(tmp_path):
     assert (out / "final" / "report.pdf").read_text() == "mine"
 
 
-@pytest.mark.parametrize("card", ["edited", "from before the listing"])
+@pytest.mark.parametrize("card", ["edited", "without a record"])
 def test_resume_refuses_a_model_card_in_final_no_record_shows_the_export_wrote(checkpoint, tmp_path, card):
     out = tmp_path / "run"
     export_checkpoint(checkpoint, out / "final")
@@ -426,7 +432,7 @@ def test_resume_refuses_a_model_card_in_final_no_record_shows_the_export_wrote(c
     if card == "edited":
         (out / "final" / "README.md").write_text("# my card\n")
     else:
-        (out / "final" / EXPORT_LISTING).unlink()
+        (out / "final" / files.RECORD).unlink()
     before = snapshot(out)
     with pytest.raises(UserError, match=f"^{re.escape(str(out / 'final' / 'README.md'))}: .*; the resumed run's "
                                         "export would replace it: move it away"):
@@ -521,3 +527,25 @@ def test_temporary_of_recognises_exactly_the_names_made_here(tmp_path):
         assert files.temporary_of(name) is None, name
     with pytest.raises(ValueError):  # a name it would not recognise is never made
         files.new_file_beside(tmp_path / "a.json", ".txt")
+
+
+def test_a_record_vouches_for_the_bytes_it_pins_and_the_paths_it_lists_and_is_its_tools_alone(tmp_path):
+    """The one record every folder the tool writes into has: pinned files, free paths (a tracker's), the rest."""
+    folder = tmp_path / "out"
+    (folder / "logs" / "run1").mkdir(parents=True)
+    (folder / "weights").write_bytes(b"w")
+    (folder / "logs" / "events").write_bytes(b"e")
+    files.write_record(folder, "ner.x", {"weights": files.file_entry(folder / "weights"), "logs": {},
+                                         "logs/events": {}, "logs/run1": {}}, step=3)
+    entries = files.read_record(folder, "ner.x")
+    assert files.unrecorded(folder, entries) == [] and files.read_record(folder, "ner.y") is None
+    (folder / "logs" / "events").write_bytes(b"grown")  # a free path: its contents are the tool's whatever they are
+    (folder / "logs" / "run1" / "mine.txt").write_text("mine")  # inside a folder the tool made
+    (folder / "notes").mkdir()
+    (folder / "notes" / "a.txt").write_text("mine")
+    (folder / "weights").write_bytes(b"W")  # the same size, other bytes
+    assert files.unrecorded(folder, entries) == [(folder / "logs" / "run1" / "mine.txt", False),
+                                                 (folder / "notes", False), (folder / "weights", True)]
+    assert files.unrecorded(folder, entries, contents=False) == files.unrecorded(folder, entries)[:2]
+    assert files.unrecorded(folder, entries, names={"weights"}) == [(folder / "weights", True)]
+    assert [path.name for path, _ in files.unrecorded(folder, None)] == ["logs", "notes", "weights"]

@@ -17,7 +17,7 @@ from ner.evaluate import main as evaluate_main
 from ner.inference.analysis import NO_ENTITY, confusion_counts
 from ner.metrics import entity_scores
 from ner.plot import main as plot_main
-from ner.training.export import model_card
+from ner.training.model_card import model_card
 from ner.training.plots import write_plots
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

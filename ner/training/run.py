@@ -20,6 +20,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from ner.backends import Backend
+from ner.backends.trackers import TRACKERS_DIR, claim_tracker_files, unrecorded_tracker_files
 from ner.data.batching import TokenBudgetBatchSampler
 from ner.data.conll import write_predictions
 from ner.data.encode import cached_encode, collate_tensors, drop_casing, padded_lengths
@@ -53,7 +54,7 @@ log = logging.getLogger("ner")
 
 # What a finished or running job leaves; --overwrite-output-dir removes these and nothing else.
 RUN_MARKERS = ("checkpoints", "final", "metrics.jsonl", "predictions", "loss_lr.png", "validation_f1.png",
-               "per_type_f1.png", "confusion.png", ckpt.TRACKERS)
+               "per_type_f1.png", "confusion.png", TRACKERS_DIR)
 RUN_FILES = {"metrics.jsonl", "loss_lr.png", "validation_f1.png", "per_type_f1.png", "confusion.png"}
 # The file a run writes in predictions/ (its temporary names are ner/files.py's); the names it gives inside
 # checkpoints/ are checkpoint.py's. What a checkpoint, final/ and trackers/ hold is checked against their records.
@@ -135,7 +136,7 @@ def claim_output_dir(cfg: TrainConfig, backend: Backend, resume_from: Path | Non
     """Refuse to mix two runs in one folder unless told to overwrite or resume; refuse, before anything is removed,
     to remove or replace anything no record shows a run wrote."""
     out = cfg.output_path
-    ckpt.claim_tracker_files(out, claimed=False)
+    claim_tracker_files(out, claimed=False)
     if out.exists() and not out.is_dir():
         raise UserError(f"{out}: --output-dir exists and is not a folder")
     taken = run_markers(out)
@@ -149,7 +150,7 @@ def claim_output_dir(cfg: TrainConfig, backend: Backend, resume_from: Path | Non
     backend.wait_for_everyone()  # no rank looks at the folder any more when rank 0 starts writing there
     if backend.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
-        ckpt.claim_tracker_files(out, claimed=True)
+        claim_tracker_files(out, claimed=True)
 
 
 def run_markers(out: Path) -> list[str]:
@@ -206,8 +207,8 @@ def not_written_by_a_run(out: Path, markers: list[str]) -> list[Path]:
             foreign += foreign_in_checkpoints(path)
         elif marker == "predictions":
             foreign += [p for p in sorted(path.iterdir()) if not (is_prediction_name(p.name) and p.is_file())]
-        elif marker == ckpt.TRACKERS:
-            foreign += ckpt.unrecorded_tracker_files(out)
+        elif marker == TRACKERS_DIR:
+            foreign += unrecorded_tracker_files(out)
     return foreign
 
 

@@ -27,6 +27,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
+from ner.data.formats import read_examples
 from ner.errors import UserError, cli
 from ner.inference.openvino_export import INSTALL
 from ner.training.export import export_any
@@ -56,9 +57,8 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError("--calibrate FILE calibrates the static int8 model: pass --onnx --quantize int8 too")
     if args.calibrate and not all(importlib.util.find_spec(name) for name in ("openvino", "nncf")):
         raise UserError(INSTALL)  # before the ONNX export and its checks, not after them
-    if args.calibrate and not args.calibrate.exists():
-        raise UserError(f"--calibrate {args.calibrate}: file not found")
-    print(export_any(args.source, args.out_dir, args.onnx, args.quantize, args.overwrite, args.calibrate))
+    calibration = read_examples(args.calibrate) if args.calibrate else None
+    print(export_any(args.source, args.out_dir, args.onnx, args.quantize, args.overwrite, calibration))
     return 0
 
 

@@ -134,6 +134,7 @@ def test_openvino_runs_every_family_and_a_row_keeps_its_bytes_among_other_rows(t
     pytest.importorskip("nncf")
     import numpy as np
 
+    from ner.data.conll import read_conll
     from ner.export import main as export_main
     from ner.inference.openvino_export import quantize_static
     from ner.inference.openvino_runtime import OpenVinoRuntime
@@ -141,7 +142,7 @@ def test_openvino_runs_every_family_and_a_row_keeps_its_bytes_among_other_rows(t
     name, _, out = trained
     folder = tmp_path / "onnx"
     assert export_main([str(out / "final"), str(folder), "--onnx"]) == 0, name
-    static = quantize_static(folder, tiny_data["train"])
+    static = quantize_static(folder, read_conll(tiny_data["train"]))
     rng = np.random.default_rng(0)
     ids = rng.integers(5, 60, size=(4, 12)).astype(np.int64)
     mask = np.ones_like(ids)

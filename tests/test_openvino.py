@@ -155,3 +155,34 @@ def test_corpus_tagging_writes_the_same_bytes_on_one_thread_and_on_two(exported,
         outputs[threads] = (out / "predictions.jsonl").read_bytes(), manifest["computation"]
     assert outputs[1] == outputs[2] and outputs[1][1]["threads"] == 1
     assert len(outputs[1][0].splitlines()) == len(EXAMPLES)
+
+
+def test_a_run_with_export_int8_ends_with_every_runtimes_files_calibrated_on_its_data(tiny_bert, tiny_data,
+                                                                                      tmp_path):
+    """--export-int8: OUTPUT_DIR/final gets model.onnx, model.int8.onnx and the static model.int8.xml, each past its
+    gate, recorded as the export's own, and every runtime tags with them."""
+    from ner.train import main as train_main
+    from tests.conftest import tiny_args
+
+    out = tmp_path / "run"
+    assert train_main(tiny_args(tiny_bert, tiny_data, out, "--num-epochs", "12", "--learning-rate", "3e-3",
+                                "--export-int8")) == 0
+    final = out / "final"
+    record = json.loads((final / ".ner-record.json").read_text())
+    assert {"model.onnx", "model.int8.onnx", "model.int8.xml", "model.int8.bin"} <= set(record["files"])
+    text = ["Ada Lovelace visited London on Monday ."]
+    answers = {runtime: Tagger(final, runtime=runtime).predict(text) for runtime in ("onnx-int8", "openvino-int8")}
+    assert all(len(answer) == 1 for answer in answers.values())
+
+
+def test_export_int8_without_openvino_is_refused_before_training(monkeypatch):
+    import importlib.util
+
+    from ner.errors import UserError
+    from ner.training.config import TrainConfig
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "nncf" else real(name, *a))
+    with pytest.raises(UserError, match=r'--export-int8 needs .*pip install -e "\.\[openvino\]"'):
+        TrainConfig(export_int8=True).validate()
+    TrainConfig().validate()

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from ner.data.encode import UNKNOWN_CASE, casing_type, model_inputs
+from ner.data.examples import Example
 from ner.errors import UserError
 from ner.files import staged_file
 from ner.inference.model_folder import ModelSettings
@@ -57,10 +58,11 @@ CHECK_SENTENCES = [
 CHECK_SHAPES = ((4, 0, 3), (9,))  # rows of CHECK_SENTENCES; each batch padded 3 tokens wider than its longest
 
 
-def write_onnx(model_dir: Path, quantize: str | None = None, calibrate: Path | None = None) -> dict[str, float]:
-    """model.onnx (and model.int8.onnx; with `calibrate`, OpenVINO's static int8 too) in `model_dir`, each kept only
-    if it passes its check; the measured max |logit difference| (fp32) and argmax agreement on words and entity
-    words (int8) with PyTorch."""
+def write_onnx(model_dir: Path, quantize: str | None = None, calibrate: list[Example] | None = None
+               ) -> dict[str, float]:
+    """model.onnx (and model.int8.onnx; with `calibrate` examples, OpenVINO's static int8 too) in `model_dir`,
+    each kept only if it passes its check; the measured max |logit difference| (fp32) and argmax agreement on
+    words and entity words (int8) with PyTorch."""
     import transformers
     from transformers import AutoModelForTokenClassification, AutoTokenizer
 
@@ -90,7 +92,7 @@ def outside_id(id2label: dict[int, str]) -> int:
     return next((i for i, label in id2label.items() if label == "O"), -1)
 
 
-def write_static_int8(model_dir: Path, calibrate: Path, batches: list[dict[str, np.ndarray]],
+def write_static_int8(model_dir: Path, calibrate: list[Example], batches: list[dict[str, np.ndarray]],
                       references: list[np.ndarray], outside: int) -> dict[str, float]:
     """OpenVINO's static int8 files from the model.onnx just kept, gated as model.int8.onnx is; the measured
     agreement, its keys prefixed "static_"."""
@@ -157,7 +159,8 @@ def export_graph(model: torch.nn.Module, inputs: dict[str, np.ndarray], path: Pa
 def quantize_int8(source: Path, target: Path) -> None:
     """Dynamic int8 weights (per channel: measured closer to fp32 than per tensor), with every activation
     quantized row by row (rows_own_scales), so a window's numbers never depend on the windows batched with it;
-    static scales calibrated on training text were measured and lost accuracy and speed (docs/performance.md)."""
+    onnxruntime's static scales (QDQ) calibrated on training text were measured and lost accuracy and speed
+    (docs/performance.md); OpenVINO's static int8 is ner/inference/openvino_export.py."""
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 

@@ -1,13 +1,14 @@
 """Static int8 for OpenVINO: model.int8.xml and model.int8.bin beside model.onnx, calibrated once on the user's text.
 
     python -m ner.export runs/ner/final exported --onnx --quantize int8 --calibrate train.conll
+    python -m ner.train --train-file train.conll --export-int8     # the same at the end of training, on its data
 
 NNCF's post-training quantization of model.onnx (`model_type=TRANSFORMER`: SmoothQuant moves the activations'
 outliers into the weights; per-channel int8 weights) with activation ranges measured on CALIBRATION_WINDOWS
-windows of the calibration file, cut and encoded as the tagger cuts them. Every activation scale is then a constant
-of the graph: a text's numbers cannot depend on what shares its forward, and no pass computes a scale. The files
-are kept only if their tags pass the gate onnx-int8 passes (onnx_export.check_int8: argmax agreement with PyTorch
-on words and entity words).
+windows of the calibration text (the file, or the run's training data), cut and encoded as the tagger cuts them.
+Every activation scale is then a constant of the graph: a text's numbers cannot depend on what shares its
+forward, and no pass computes a scale. The files are kept only if their tags pass the gate onnx-int8 passes
+(onnx_export.check_int8: argmax agreement with PyTorch on words and entity words).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from ner.data.encode import collate, model_inputs
+from ner.data.examples import Example
 from ner.errors import UserError
 from ner.inference.options import PAD_TO_MULTIPLE_OF, RUNTIME_FILES
 
@@ -26,30 +28,29 @@ CALIBRATION_WINDOWS = 300  # windows whose activation ranges set the scales (NNC
 INSTALL = 'a static int8 export needs openvino and nncf: pip install -e ".[openvino]"'
 
 
-def calibration_batches(model_dir: Path, calibration_file: Path) -> list[dict[str, np.ndarray]]:
-    """Up to CALIBRATION_WINDOWS windows of `calibration_file` (any format ner.train reads), spread evenly over it,
-    each one forward of one row at its own padded width, as `Tagger(model_dir)` would encode them."""
-    from ner.data.formats import read_examples
+def calibration_batches(model_dir: Path, examples: list[Example]) -> list[dict[str, np.ndarray]]:
+    """Up to CALIBRATION_WINDOWS windows of `examples`, spread evenly over them, each one forward of one row at its
+    own padded width, as `Tagger(model_dir)` would encode them."""
     from ner.inference.tagger import Tagger
 
     tagger = Tagger(model_dir, runtime="onnx")
-    examples = [e for e in read_examples(calibration_file) if e.words]
+    examples = [e for e in examples if e.words]
     if not examples:
-        raise UserError(f"{calibration_file}: no sentences to calibrate on; pass the training file")
+        raise UserError("no sentences to calibrate the static int8 model on; pass the training file")
     features = tagger.encode(examples)
     step = max(1, len(features) // CALIBRATION_WINDOWS)
     chosen = features[::step][:CALIBRATION_WINDOWS]
     return [model_inputs(collate([f], tagger.tokenizer.pad_token_id, PAD_TO_MULTIPLE_OF)) for f in chosen]
 
 
-def quantize_static(model_dir: Path, calibration_file: Path) -> Path:
-    """model.int8.xml (+ .bin) in `model_dir`, from its model.onnx; returns the .xml."""
+def quantize_static(model_dir: Path, examples: list[Example]) -> Path:
+    """model.int8.xml (+ .bin) in `model_dir`, from its model.onnx, calibrated on `examples`; returns the .xml."""
     try:
         import nncf
         import openvino
     except ImportError:
         raise UserError(INSTALL) from None
-    batches = calibration_batches(model_dir, calibration_file)
+    batches = calibration_batches(model_dir, examples)
     model = openvino.Core().read_model(str(model_dir / RUNTIME_FILES["onnx"][0]))
     nncf_log = logging.getLogger("nncf")
     level = nncf_log.level
@@ -61,7 +62,7 @@ def quantize_static(model_dir: Path, calibration_file: Path) -> Path:
         nncf_log.setLevel(level)
     xml = model_dir / RUNTIME_FILES["openvino-int8"][0]
     openvino.save_model(quantized, str(xml))  # and model.int8.bin beside it
-    log.info("static int8 calibrated on %d windows of %s", len(batches), calibration_file)
+    log.info("static int8 calibrated on %d windows of %d sentences", len(batches), len(examples))
     return xml
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import logging
 import os
 import types
@@ -148,6 +149,10 @@ class TrainConfig:
     early_stopping_threshold: float = _opt(
         0.0, "smallest validation F1 gain that counts as better for early stopping, as a fraction (0.001 = 0.1 points)")
     logging_steps: int = _opt(10, "log loss and learning rate every N updates")
+    export_int8: bool = _opt(
+        False, "at the end, also write model.onnx, model.int8.onnx and model.int8.xml (OpenVINO's static int8, "
+        "calibrated on the training data) into OUTPUT_DIR/final, each checked against PyTorch, for --runtime onnx, "
+        "onnx-int8, openvino and openvino-int8 (pip install -e \".[openvino]\")")
     output_dir: str = _opt("runs/ner", "where checkpoints, the final export and metrics go")
     overwrite_output_dir: bool = _opt(
         False, "replace the run in --output-dir: removes only what a run writes (checkpoints/, final/, metrics.jsonl, "
@@ -194,6 +199,8 @@ class TrainConfig:
         if self.early_stopping_patience and self.no_eval:
             raise UserError("--early-stopping-patience needs validation F1; drop --no-eval")
         report_trackers(self.report_to)
+        if self.export_int8 and not all(importlib.util.find_spec(name) for name in ("onnxruntime", "openvino", "nncf")):
+            raise UserError('--export-int8 needs onnxruntime, openvino and nncf: pip install -e ".[openvino]"')
         if self.compile == "on" and self.backend == "data_parallel":
             raise UserError("--compile on does not work with --data-parallel (its replicas would call the compiled "
                             "original); use --compile off, or DDP (accelerate launch, --raw-ddp)")

@@ -10,6 +10,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from ner.data.examples import Example
 from ner.errors import UserError
 from ner.files import RECORD, file_entry, read_record, staged_folder, write_record
 from ner.files import unrecorded as unrecorded_files
@@ -25,7 +26,7 @@ DESCRIPTION = ("training_args.json", "metrics.json", "README.md")  # what an exp
 
 def export_checkpoint(checkpoint: Path, out_dir: Path, metrics: dict | None = None, onnx: bool = False,
                       quantize: str | None = None, overwrite: bool = False, update: bool = False,
-                      sealed_here: bool = False, calibrate: Path | None = None) -> Path:
+                      sealed_here: bool = False, calibrate: list[Example] | None = None) -> Path:
     """Copy the checkpoint's model folder and describe it; `metrics` defaults to its evals. `overwrite` (the user's
     --overwrite): OUT may be an export, replaced whole but for what was never its own. `update` (OUTPUT_DIR/final at
     the end of a run): the same, but a file no record shows the export wrote is refused instead of replaced.
@@ -64,7 +65,7 @@ def copied_entries(checkpoint: Path) -> dict[str, dict]:
 
 
 def export_folder(model_dir: Path, out_dir: Path, onnx: bool = False, quantize: str | None = None,
-                  overwrite: bool = False, calibrate: Path | None = None) -> Path:
+                  overwrite: bool = False, calibrate: list[Example] | None = None) -> Path:
     """The files of an exported model folder copied to `out_dir`, ONNX files added. In place when they are the same
     folder: allowed without `overwrite`, since naming the folder twice asks for it, and its files are copied onto
     themselves; what is not the export's stays."""
@@ -104,15 +105,15 @@ def checkpoint_export_names(checkpoint: Path | None) -> set[str]:
     return set(DESCRIPTION) | ({p.name for p in model.iterdir() if p.is_file()} if model and model.is_dir() else set())
 
 
-def onnx_names(onnx: bool, quantize: str | None, calibrate: Path | None = None) -> set[str]:
+def onnx_names(onnx: bool, quantize: str | None, calibrate: list[Example] | None = None) -> set[str]:
     """The files add_onnx writes."""
-    runtimes = ["onnx"] * onnx + ["onnx-int8"] * bool(onnx and quantize) + ["openvino-int8"] * bool(onnx and quantize
-                                                                                                  and calibrate)
+    quantized = bool(onnx and quantize)
+    runtimes = ["onnx"] * onnx + ["onnx-int8"] * quantized + ["openvino-int8"] * (quantized and calibrate is not None)
     return {name for runtime in runtimes for name in RUNTIME_FILES[runtime]}
 
 
 def export_any(source: Path, out_dir: Path, onnx: bool = False, quantize: str | None = None,
-               overwrite: bool = False, calibrate: Path | None = None) -> Path:
+               overwrite: bool = False, calibrate: list[Example] | None = None) -> Path:
     """A checkpoint (manifest.json) or an exported folder (config.json + training_args.json) to `out_dir`."""
     if (source / MANIFEST).is_file():
         return export_checkpoint(source, out_dir, onnx=onnx, quantize=quantize, overwrite=overwrite,
@@ -215,9 +216,9 @@ def check_out_dir(out_dir: Path, overwrite: bool, update: bool = False, names: s
         raise UserError(refusal(*unsure[0]))
 
 
-def add_onnx(folder: Path, onnx: bool, quantize: str | None, calibrate: Path | None = None) -> None:
-    """ONNX files (and OpenVINO's static int8, calibrated on `calibrate`), checked against PyTorch, into the staged
-    folder."""
+def add_onnx(folder: Path, onnx: bool, quantize: str | None, calibrate: list[Example] | None = None) -> None:
+    """ONNX files (and OpenVINO's static int8, calibrated on the `calibrate` examples), checked against PyTorch, into
+    the staged folder."""
     if not onnx:
         return
     from ner.inference.onnx_export import write_onnx  # torch.onnx loads only when asked for

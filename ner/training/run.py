@@ -36,7 +36,7 @@ from ner.training import checkpoint as ckpt
 from ner.training.auto import resolve_auto, resolve_casing, resolve_context
 from ner.training.config import TrainConfig, tokenization_cache_dir, with_sample_data
 from ner.training.evaluation import EvalSet, build_eval_set, predict_tags
-from ner.training.export import checkpoint_export_names, export_checkpoint, is_export, unrecorded
+from ner.training.export import checkpoint_export_names, export_checkpoint, export_folder, is_export, unrecorded
 from ner.training.hooks import RunHooks
 from ner.training.loop import TrainState, fit, updates_in_epoch
 from ner.training.model import (
@@ -344,6 +344,9 @@ def finish(cfg: TrainConfig, backend: Backend, model: torch.nn.Module, data: Pre
         # (claim_output_dir refused anything else there that the new export would replace)
         export_checkpoint(source, cfg.output_path / "final", metrics, update=True, sealed_here=sealed_here)
         log.info("exported %s", cfg.output_path / "final")
+        if cfg.export_int8:  # after the plain export: a gate that refuses int8 leaves final/ whole, without them
+            export_folder(cfg.output_path / "final", cfg.output_path / "final", onnx=True, quantize="int8",
+                          calibrate=data.splits.train)
         print(json.dumps({k: (v["f1"] if isinstance(v, dict) else v) for k, v in metrics.items()
                           if k != "errors" and (not isinstance(v, dict) or "f1" in v)}))
         print(next_steps(cfg.output_path / "final", metrics, cfg.test_file), flush=True)

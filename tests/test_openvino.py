@@ -123,6 +123,9 @@ def test_calibrate_needs_quantize_and_a_missing_file_names_the_export(exported, 
     shutil.copytree(exported, bare, ignore=shutil.ignore_patterns("model.int8.*"))
     with pytest.raises(Exception, match="model.int8.xml: not found.*--calibrate"):
         Tagger(bare, runtime="openvino-int8")
+    (bare / "model.onnx").unlink()
+    with pytest.raises(Exception, match=r"model.onnx: not found.*--quantize int8$"):  # no calibration needed for it
+        Tagger(bare, runtime="openvino")
 
 
 @pytest.mark.parametrize("runtime", ["openvino", "openvino-int8"])

@@ -25,12 +25,11 @@ from pathlib import Path
 import numpy as np
 
 from ner.errors import UserError
-from ner.inference.options import RUNTIME_FILES
 from ner.inference.runtime import (
-    EXPORT_COMMAND,
     Batch,
     cgroup_cpu_quota,
     default_threads,
+    export_command,
     onnx_threads,
     passes_at_once,
 )
@@ -51,7 +50,7 @@ class OpenVinoRuntime:
     device_type = "cpu"  # what runs the passes: picks the default batch budget (options.inference_budget)
     threads_per_forward = 1  # see the module's docstring
 
-    def __init__(self, path: Path, num_labels: int, precision: str = "auto"):
+    def __init__(self, path: Path, num_labels: int, precision: str = "auto", runtime: str = "openvino"):
         try:
             import openvino
         except ImportError:
@@ -68,8 +67,8 @@ class OpenVinoRuntime:
             self.compiled = core.compile_model(str(path), "CPU", config)
         except Exception as exc:  # OpenVINO raises RuntimeError subclasses of its own
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise UserError(f"{path}: not a model OpenVINO can read ({reason}); re-export it: {EXPORT_COMMAND}") \
-                from None
+            raise UserError(f"{path}: not a model OpenVINO can read ({reason}); re-export it: "
+                            f"{export_command(runtime)}") from None
         self.input_names = {port.any_name for port in self.compiled.inputs}
         self.num_labels = num_labels
         self._requests = threading.local()  # one infer request per thread that runs passes
@@ -91,12 +90,3 @@ class OpenVinoRuntime:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.streams, thread_name_prefix="ner-openvino")
         return passes_at_once(self._pool, self.streams, self, batches)
-
-
-def openvino_path(model_dir: Path, runtime: str) -> Path:
-    """The file a runtime reads; missing: a one-line error naming the command that writes it."""
-    path = Path(model_dir) / RUNTIME_FILES[runtime][0]
-    if not path.is_file():
-        raise UserError(f"{path}: not found; --runtime {runtime} needs an export: {EXPORT_COMMAND} "
-                        "--calibrate TRAIN_FILE")
-    return path

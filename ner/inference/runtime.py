@@ -140,11 +140,16 @@ class OnnxRuntime:
         return in_order(self, batches)
 
 
-def onnx_path(model_dir: Path, runtime: str) -> Path:
-    """The file a runtime reads; missing: a one-line error naming the command that writes it."""
-    path = Path(model_dir) / ONNX_FILES[runtime]
+def export_command(runtime: str) -> str:
+    """The command that writes the file `runtime` reads (the static int8 model needs calibration text too)."""
+    return EXPORT_COMMAND + (" --calibrate TRAIN_FILE" if runtime == "openvino-int8" else "")
+
+
+def runtime_path(model_dir: Path, runtime: str) -> Path:
+    """The file an ONNX or OpenVINO runtime reads; missing: a one-line error naming the command that writes it."""
+    path = Path(model_dir) / RUNTIME_FILES[runtime][0]
     if not path.is_file():
-        raise UserError(f"{path}: not found; --runtime {runtime} needs an ONNX export: {EXPORT_COMMAND}")
+        raise UserError(f"{path}: not found; --runtime {runtime} needs an export: {export_command(runtime)}")
     return path
 
 

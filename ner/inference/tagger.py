@@ -32,9 +32,9 @@ from ner.errors import UserError
 from ner.inference.decode import Decoder
 from ner.inference.entities import drop_below, entities
 from ner.inference.model_folder import ModelSettings, max_positions, model_labels, read_model_json
-from ner.inference.openvino_runtime import OpenVinoRuntime, openvino_path
+from ner.inference.openvino_runtime import OpenVinoRuntime
 from ner.inference.options import PAD_TO_MULTIPLE_OF, RUNTIMES, check_max_seq_length, inference_budget, parse_min_score
-from ner.inference.runtime import OnnxRuntime, TorchRuntime, onnx_device_type, onnx_path
+from ner.inference.runtime import OnnxRuntime, TorchRuntime, onnx_device_type, runtime_path
 
 log = logging.getLogger("ner")
 
@@ -113,12 +113,13 @@ class Tagger:
         """Sets `device` and `precision` too: for ONNX, the device type as a string and "no" (no autocast)."""
         if self.runtime_name.startswith("openvino"):  # the CPU, and no torch either
             self.device = "cpu"
-            runtime = OpenVinoRuntime(openvino_path(model_dir, self.runtime_name), num_labels, precision)
+            runtime = OpenVinoRuntime(runtime_path(model_dir, self.runtime_name), num_labels, precision,
+                                      self.runtime_name)
             self.precision = runtime.precision
             return runtime
         if self.runtime_name != "torch":  # the ONNX file alone: the PyTorch weights (and torch) are never loaded
             self.device, self.precision = onnx_device_type(device), "no"
-            return OnnxRuntime(onnx_path(model_dir, self.runtime_name), num_labels, self.device)
+            return OnnxRuntime(runtime_path(model_dir, self.runtime_name), num_labels, self.device)
         import torch
         from transformers import AutoModelForTokenClassification
 

@@ -23,13 +23,12 @@ OUTPUT_DIR/final the same way, without --overwrite.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import sys
 from pathlib import Path
 
 from ner.data.formats import read_examples
 from ner.errors import UserError, cli
-from ner.inference.openvino_export import INSTALL
+from ner.inference.openvino_export import require_packages
 from ner.training.export import export_any
 
 
@@ -55,8 +54,8 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError("--quantize int8 quantizes the ONNX model: pass --onnx too")
     if args.calibrate and not args.quantize:
         raise UserError("--calibrate FILE calibrates the static int8 model: pass --onnx --quantize int8 too")
-    if args.calibrate and not all(importlib.util.find_spec(name) for name in ("openvino", "nncf")):
-        raise UserError(INSTALL)  # before the ONNX export and its checks, not after them
+    if args.calibrate:
+        require_packages("--calibrate")
     calibration = read_examples(args.calibrate) if args.calibrate else None
     print(export_any(args.source, args.out_dir, args.onnx, args.quantize, args.overwrite, calibration))
     return 0

@@ -25,7 +25,17 @@ from ner.inference.options import PAD_TO_MULTIPLE_OF, RUNTIME_FILES
 
 log = logging.getLogger("ner")
 CALIBRATION_WINDOWS = 300  # windows whose activation ranges set the scales (NNCF's default subset is 300)
-INSTALL = 'a static int8 export needs openvino and nncf: pip install -e ".[openvino]"'
+STATIC_INT8_PACKAGES = ("onnxruntime", "openvino", "nncf")  # onnxruntime: model.int8.onnx is written first
+
+
+def require_packages(asker: str) -> None:
+    """A one-line error naming the extra to install unless the static int8 export's packages are there: asked
+    before any export or training work, not after it."""
+    import importlib.util
+
+    if not all(importlib.util.find_spec(name) for name in STATIC_INT8_PACKAGES):
+        raise UserError(f"{asker} needs {', '.join(STATIC_INT8_PACKAGES[:-1])} and {STATIC_INT8_PACKAGES[-1]}: "
+                        'pip install -e ".[openvino]"')
 
 
 def calibration_batches(model_dir: Path, examples: list[Example]) -> list[dict[str, np.ndarray]]:
@@ -45,11 +55,10 @@ def calibration_batches(model_dir: Path, examples: list[Example]) -> list[dict[s
 
 def quantize_static(model_dir: Path, examples: list[Example]) -> Path:
     """model.int8.xml (+ .bin) in `model_dir`, from its model.onnx, calibrated on `examples`; returns the .xml."""
-    try:
-        import nncf
-        import openvino
-    except ImportError:
-        raise UserError(INSTALL) from None
+    require_packages("a static int8 export")
+    import nncf
+    import openvino
+
     batches = calibration_batches(model_dir, examples)
     model = openvino.Core().read_model(str(model_dir / RUNTIME_FILES["onnx"][0]))
     nncf_log = logging.getLogger("nncf")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
 import logging
 import os
 import types
@@ -199,8 +198,10 @@ class TrainConfig:
         if self.early_stopping_patience and self.no_eval:
             raise UserError("--early-stopping-patience needs validation F1; drop --no-eval")
         report_trackers(self.report_to)
-        if self.export_int8 and not all(importlib.util.find_spec(name) for name in ("onnxruntime", "openvino", "nncf")):
-            raise UserError('--export-int8 needs onnxruntime, openvino and nncf: pip install -e ".[openvino]"')
+        if self.export_int8:
+            from ner.inference.openvino_export import require_packages
+
+            require_packages("--export-int8")
         if self.compile == "on" and self.backend == "data_parallel":
             raise UserError("--compile on does not work with --data-parallel (its replicas would call the compiled "
                             "original); use --compile off, or DDP (accelerate launch, --raw-ddp)")

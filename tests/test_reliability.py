@@ -120,6 +120,22 @@ def test_checkpoint_files_load_with_weights_only_and_manifest_verifies(saved_run
     assert state["config"]["learning_rate"] == 1e-3 and state["label_list"][0] == "O"
 
 
+@pytest.mark.parametrize("crc32", [True, False])
+def test_state_files_load_and_leave_the_callers_crc_setting_as_it_was(tmp_path, crc32):
+    torch.serialization.set_crc32_options(crc32)
+    try:
+        state = {"exp_avg": torch.arange(6.0), "step": 3}
+        ckpt.save_state(state, tmp_path / "state.pt")
+        assert torch.serialization.get_crc32_options() is crc32
+        loaded = torch.load(tmp_path / "state.pt", weights_only=True)
+        assert torch.equal(loaded["exp_avg"], state["exp_avg"]) and loaded["step"] == 3
+        with pytest.raises(Exception):  # a failed save (no such folder) restores it too
+            ckpt.save_state(state, tmp_path / "missing" / "state.pt")
+        assert torch.serialization.get_crc32_options() is crc32
+    finally:
+        torch.serialization.set_crc32_options(True)
+
+
 @pytest.mark.parametrize("damage, problem", [
     (lambda f: (f / "manifest.json").unlink(), "no manifest.json"),
     (lambda f: (f / "optimizer.pt").write_bytes(b"x"), "optimizer.pt has 1 bytes"),

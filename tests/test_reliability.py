@@ -129,7 +129,7 @@ def test_state_files_load_and_leave_the_callers_crc_setting_as_it_was(tmp_path, 
         assert torch.serialization.get_crc32_options() is crc32
         loaded = torch.load(tmp_path / "state.pt", weights_only=True)
         assert torch.equal(loaded["exp_avg"], state["exp_avg"]) and loaded["step"] == 3
-        with pytest.raises(Exception):  # a failed save (no such folder) restores it too
+        with pytest.raises(RuntimeError):  # a failed save (no such folder) restores it too
             ckpt.save_state(state, tmp_path / "missing" / "state.pt")
         assert torch.serialization.get_crc32_options() is crc32
     finally:

@@ -15,7 +15,10 @@ Train: each run is a fresh `python -m ner.train` on the shipped sample (defaults
 a cold tokenisation cache of its own), in a process that stamps the time at each phase boundary (probe_train below;
 the command itself is unchanged). The fixed cost is process start to the end of the first update plus the end of the
 last update to the process's exit; the updates between are the loop. `--against DIR` runs DIR's `ner` the same way,
-alternating with this checkout's, for a before/after table. Results: docs/performance.md.
+alternating with this checkout's, for a before/after table. Beside them runs the floor: a process that imports torch and
+transformers, loads the same tokenizer and model with `from_pretrained` and exits at once (`os._exit`), which any
+trainer built on transformers pays before its first batch; the table gives the fixed cost above it. Results:
+docs/performance.md.
 """
 
 from __future__ import annotations
@@ -43,6 +46,10 @@ PROBE = ("import importlib.util as u; s = u.spec_from_file_location('ner_startup
 # (phase, the stamp that ends it); each phase starts where the one before it ends.
 START_UP = (("interpreter, imports", "imports"), ("config, data, tokenise", "data"), ("model load", "model"),
             ("optimizer, first update", "first_update"))
+# The floor, run by `python -c` with the model's folder as its argument: nothing of ner is imported.
+FLOOR = ("import os, sys, torch; from transformers import AutoModelForTokenClassification, AutoTokenizer; "
+         "AutoTokenizer.from_pretrained(sys.argv[1]); "
+         "AutoModelForTokenClassification.from_pretrained(sys.argv[1], num_labels=9); os._exit(0)")
 TEAR_DOWN = (("final evaluation", "checkpoint_start"), ("checkpoint", "checkpoint_end"),
              ("test, predictions file", "export_start"), ("export", "export_end"), ("plots, summary", "finish"),
              ("exit", "exit"))
@@ -147,6 +154,16 @@ def boundaries(stamps: dict, updates: list[float], measured: dict) -> dict[str, 
     return {name: t - start for name, t in clock.items()}
 
 
+def floor_run(work: Path) -> float:
+    """Seconds of one floor process (FLOOR) on ner.train's default model."""
+    from benchmarks.measure import run_measured
+    from ner.training.config import DEFAULT_MODEL
+    from ner.training.model import resolve_model_path
+
+    argv = [sys.executable, "-c", FLOOR, resolve_model_path(DEFAULT_MODEL)]
+    return run_measured(argv, work / "floor_log.txt", cwd=work)["wall_s"]
+
+
 def phase_seconds(bounds: dict[str, float]) -> dict[str, float]:
     """Each phase's length, the loop's, and the fixed cost (start-up + tear-down)."""
     phases, previous = {}, 0.0
@@ -166,10 +183,11 @@ def train_section(args: argparse.Namespace) -> None:
     from benchmarks.measure import cpu_description
 
     checkouts = {"this checkout": ROOT, **({"against": args.against.resolve()} if args.against else {})}
-    runs = {name: [] for name in checkouts}
+    runs, floors = {name: [] for name in checkouts}, []
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="startup_") as tmp:
         for index in range(args.runs):
+            floors.append(floor_run(Path(tmp)))
             for name, checkout in checkouts.items():
                 result = train_run(checkout, Path(tmp) / f"{name.replace(' ', '_')}_{index}", args.train_args)
                 runs[name].append(result)
@@ -178,6 +196,16 @@ def train_section(args: argparse.Namespace) -> None:
     print(f"CPU: {cpu_description()}; load average {load_before[0]:.1f} before, {os.getloadavg()[0]:.1f} after; "
           f"other processes took {other_load(runs):.0%} of the CPU time; median of {args.runs} runs each\n")
     print(phase_table(runs))
+    print(floor_line(runs, floors))
+
+
+def floor_line(runs: dict[str, list[dict]], floors: list[float]) -> str:
+    floor = statistics.median(floors)
+    fixed = {name: statistics.median(phase_seconds(r["bounds"])["fixed cost"] for r in results)
+             for name, results in runs.items()}
+    above = ", ".join(f"{name} {seconds - floor:.2f} s" for name, seconds in fixed.items())
+    return (f"\nFloor (torch and transformers imported, tokenizer and model loaded, nothing else): {floor:.2f} s "
+            f"median ({', '.join(f'{s:.2f}' for s in floors)}); fixed cost above it: {above}")
 
 
 def other_load(runs: dict[str, list[dict]]) -> float:

@@ -287,6 +287,8 @@ def test_train_phases_add_up_to_the_fixed_cost_and_count_only_the_saves_after_th
     assert phases["final evaluation"] == 1.0 and phases["checkpoint"] == 1.0  # the save at 107 was in the loop
     assert phases["start-up"] == 6.0 and phases["tear-down"] == 5.0 and phases["loop (updates 2..N)"] == 4.0
     assert phases["fixed cost"] == sum(phases[name] for name, _ in startup.START_UP + startup.TEAR_DOWN) == 11.0
+    line = startup.floor_line({"this checkout": [{"bounds": bounds}] * 3}, [4.0, 3.5, 9.0])
+    assert "3.50, 9.00" in line and "4.00 s median" in line and "this checkout 7.00 s" in line  # 11 - 4
 
 
 ENTRY_POINTS = ("training_speed", "baseline", "eval_speed", "inference", "shapes", "seeds", "startup",

@@ -15,6 +15,7 @@ output), so that nothing else there is ever removed or replaced:
 
     write_record(folder, tool, entries)    # .ner-record.json (or a manifest that is also the record)
     read_record(folder, tool)              # its entries, or None: no record of `tool` there
+    read_whole_record(folder, tool)        # the record as written, the writer's own keys included
     unrecorded(folder, entries)            # what the record does not vouch for, each with whether it was edited
 """
 
@@ -194,13 +195,21 @@ def write_record(folder: Path, tool: str, entries: dict[str, dict], name: str = 
 
 def read_record(folder: Path, tool: str, name: str = RECORD) -> dict[str, dict] | None:
     """The entries of `tool`'s record in `folder`; None when there is none (or it is unreadable, or another's)."""
+    record = read_whole_record(folder, tool, name)
+    if record is None:
+        return None
+    return {path: entry for path, entry in record["files"].items() if isinstance(entry, dict)}
+
+
+def read_whole_record(folder: Path, tool: str, name: str = RECORD) -> dict | None:
+    """`tool`'s record in `folder` as written, the writer's own keys included; None as read_record."""
     try:
         record = json.loads((Path(folder) / name).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     if not isinstance(record, dict) or record.get("tool") != tool or not isinstance(record.get("files"), dict):
         return None
-    return {path: entry for path, entry in record["files"].items() if isinstance(entry, dict)}
+    return record
 
 
 def unrecorded(folder: Path, entries: dict[str, dict] | None, names: set[str] | None = None,

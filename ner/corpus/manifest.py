@@ -7,14 +7,13 @@ before anyone writes.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from ner.corpus.inputs import Source, count_texts
 from ner.corpus.plan import MERGED, Plan, chunk_texts_for, finished_chunks, part_name
 from ner.data.examples import Example
 from ner.errors import UserError
-from ner.files import read_record, sha256_file, temporary_of, write_record
+from ner.files import read_whole_record, sha256_file, temporary_of, write_record
 
 MANIFEST = "manifest.json"
 CORPUS_TOOL = "ner.predict"
@@ -158,8 +157,9 @@ def check_folder_is_ours(out_dir: Path) -> dict | None:
         return None
     if not out_dir.is_dir():
         raise UserError(f"{out_dir}: not a folder; --output-dir needs a new or empty folder, or one it wrote")
-    if read_record(out_dir, CORPUS_TOOL, MANIFEST) is not None:
-        return json.loads((out_dir / MANIFEST).read_text(encoding="utf-8"))
+    manifest = read_whole_record(out_dir, CORPUS_TOOL, MANIFEST)
+    if manifest is not None:
+        return manifest
     other = next(iter(sorted(out_dir.iterdir())), None)
     if other is not None:
         raise UserError(f"{other}: --output-dir {out_dir} is not empty and holds no ner.predict manifest; "

@@ -271,6 +271,17 @@ def test_model_folder_that_does_not_exist(tiny_data, tmp_path, capsys):
                          f"--model {missing}: folder does not exist")
 
 
+def test_an_export_with_a_damaged_training_args_file_is_named_without_a_traceback(trained, tmp_path, capsys):
+    from ner import predict as predict_cli
+
+    damaged = tmp_path / "final"
+    shutil.copytree(trained / "final", damaged)
+    (damaged / "training_args.json").write_text('{"max_seq_length": 12', encoding="utf-8")
+    code = predict_cli.main([str(damaged), str(tmp_path / "texts.txt")])
+    err = capsys.readouterr().err
+    assert code == 2 and f"{damaged / 'training_args.json'}: not readable JSON" in err and "Traceback" not in err
+
+
 @pytest.mark.parametrize("name, hub_id", [("bert-base-cased", True), ("org/name.v2", True), ("./bert", False),
                                            ("/models/bert", False), ("org/name/sub", False), ("~/bert", False),
                                            ("my bert", False), ("C:\\bert", False)])

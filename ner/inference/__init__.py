@@ -6,10 +6,12 @@ ner.evaluate, ner.serve and corpus tagging. Imports data, backends and the share
     entities.py     tagged words -> entities with scores, the --min-score filter
     options.py      the inference options (--runtime, --max-seq-length, ...), per-device forward budgets
     runtime.py      what computes the logits: PyTorch, or onnxruntime over model.onnx / model.int8.onnx
+    openvino_runtime.py  OpenVINO over model.onnx (bf16 where the CPU has it) or the static model.int8.xml
     decode.py       per-word scores -> tags: argmax, or Viterbi over the sequences the scheme allows
     onnx_export.py  writing and checking the ONNX files (fp32, per-token int8)
+    openvino_export.py  the static int8 model: calibrated by NNCF on the user's text, checked as the ONNX ones are
     analysis.py     where predictions go wrong: kinds of error, schemas, confusions, thresholds, calibration
     analysis_plots.py  the plots of an evaluation (ner.evaluate --plots)
 
-    from ner.inference.tagger import Tagger   # also: from ner import Tagger; from ner.infer import Tagger
+    from ner.inference.tagger import Tagger   # also: from ner import Tagger
 """

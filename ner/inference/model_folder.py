@@ -33,7 +33,7 @@ class ModelSettings:
         path = model_dir / "training_args.json"
         if not path.is_file():  # a folder made by other tools: sentence level, scheme from the labels
             return cls()
-        saved = json.loads(path.read_text(encoding="utf-8"))
+        saved = read_model_json(path)
         names = [f.name for f in dataclasses.fields(cls)]
         settings = cls(**{name: saved[name] for name in names if saved.get(name) is not None})
         if settings.casing == "types" and settings.casing_scheme != CASING_SCHEME:

@@ -165,6 +165,17 @@ def test_rotation_keeps_newest_complete_and_best_and_ignores_incomplete(saved_ru
     assert [p.name for p in ckpt.list_checkpoints(out)] == ["step_10", "step_30", "step_40"]
 
 
+def test_a_checkpoint_is_judged_by_its_own_manifest_even_when_it_lists_no_file(tmp_path):
+    from ner.files import write_record
+
+    write_record(tmp_path, ckpt.CHECKPOINT_TOOL, {}, ckpt.MANIFEST, step=1)
+    assert ckpt.not_in_manifest(tmp_path) == []  # its manifest is the tool's
+    (tmp_path / "notes.txt").write_text("mine")
+    assert ckpt.not_in_manifest(tmp_path) == [tmp_path / "notes.txt"]
+    (tmp_path / ckpt.MANIFEST).write_text("{")
+    assert ckpt.not_in_manifest(tmp_path) == [tmp_path / ckpt.MANIFEST, tmp_path / "notes.txt"]
+
+
 def test_resume_check_reads_options_missing_from_older_checkpoints_as_their_old_behaviour(tmp_path):
     from ner.errors import UserError
     from ner.training.checkpoint import check_compatible

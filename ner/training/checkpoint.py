@@ -10,7 +10,7 @@ Layout of `OUTPUT_DIR/checkpoints/step_<N>/`:
     manifest.json       size and sha256 of every file above, as ner/files.py records them; written last
 
 A checkpoint is complete only when its manifest exists and matches: the folder is written under a temporary
-name of ner/files.py (`.step_<N>.new-<random>`; `.tmp-step_<N>` before), every file fsynced, the manifest
+name of ner/files.py (`.step_<N>.new-<random>`), every file fsynced, the manifest
 written last, and only then renamed into place, so a `step_<N>` folder always has its manifest. The manifest
 is also the record of what the run wrote there (ner/files.py's one format): rotation and --overwrite-output-dir
 remove a checkpoint only when it holds nothing else.
@@ -295,4 +295,5 @@ def not_in_manifest(folder: Path) -> list[Path]:
     """What checkpoint `folder` holds that its manifest does not list (all of it when it has no readable one); the
     contents of what it lists are verify()'s to check."""
     entries = read_record(folder, CHECKPOINT_TOOL, MANIFEST)
-    return [path for path, _ in unrecorded(folder, entries, contents=False, name=MANIFEST if entries else "")]
+    record_name = MANIFEST if entries is not None else ""  # an unreadable manifest is not the tool's either
+    return [path for path, _ in unrecorded(folder, entries, contents=False, name=record_name)]

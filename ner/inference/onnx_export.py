@@ -28,7 +28,8 @@ from ner.data.examples import Example
 from ner.errors import UserError
 from ner.files import staged_file
 from ner.inference.model_folder import ModelSettings
-from ner.inference.runtime import ONNX_FILES, onnx_session
+from ner.inference.options import RUNTIME_FILES
+from ner.inference.runtime import onnx_session
 
 MAX_LOGIT_DIFF = 1e-3
 # int8 noise flips words whose two best tags are close, and entity words are where that happens, so they
@@ -75,11 +76,11 @@ def write_onnx(model_dir: Path, quantize: str | None = None, calibrate: list[Exa
     with torch.no_grad():
         references = [model(**{k: torch.from_numpy(v) for k, v in model_inputs(b).items()}).logits.numpy()
                       for b in batches]
-    with staged_file(model_dir / ONNX_FILES["onnx"]) as fp32:
+    with staged_file(model_dir / RUNTIME_FILES["onnx"][0]) as fp32:
         export_graph(model, model_inputs(batches[0]), fp32)
         measured = {"max_logit_diff": check_fp32(fp32, batches, references)}
         if quantize == "int8":
-            with staged_file(model_dir / ONNX_FILES["onnx-int8"]) as int8:
+            with staged_file(model_dir / RUNTIME_FILES["onnx-int8"][0]) as int8:
                 quantize_int8(fp32, int8)
                 measured |= check_int8(lambda batch, path=int8: run_session(path, batch), batches, references,
                                        outside_id(model.config.id2label))

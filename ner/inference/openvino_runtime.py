@@ -16,25 +16,16 @@ pass's shape alone. Like the ONNX runtimes, this path never imports torch.
 
 from __future__ import annotations
 
-import logging
-import os
 import threading
 from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
 from ner.errors import UserError
-from ner.inference.runtime import (
-    Batch,
-    cgroup_cpu_quota,
-    default_threads,
-    export_command,
-    onnx_threads,
-    passes_at_once,
-)
+from ner.inference.runtime import Batch, export_command, first_line, passes_at_once, runtime_threads
 
-log = logging.getLogger(__name__)
 INSTALL = 'OpenVINO runtimes need openvino: pip install -e ".[openvino]"'
 
 
@@ -59,15 +50,14 @@ class OpenVinoRuntime:
         self.precision = openvino_precision(precision, core.get_property("CPU", "OPTIMIZATION_CAPABILITIES"))
         # the threads an ONNX session would get: OMP_NUM_THREADS (what ner.serve --workers sets), else torch's
         # count within the container's CPU quota
-        self.streams = onnx_threads(os.environ.get("OMP_NUM_THREADS"), default_threads(), cgroup_cpu_quota())
+        self.streams = runtime_threads()
         config = {"INFERENCE_PRECISION_HINT": "bf16" if self.precision == "bf16" else "f32",
                   "NUM_STREAMS": self.streams, "INFERENCE_NUM_THREADS": self.streams,
                   "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0}  # no activation scales computed per pass
         try:
             self.compiled = core.compile_model(str(path), "CPU", config)
         except Exception as exc:  # OpenVINO raises RuntimeError subclasses of its own
-            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise UserError(f"{path}: not a model OpenVINO can read ({reason}); re-export it: "
+            raise UserError(f"{path}: not a model OpenVINO can read ({first_line(exc)}); re-export it: "
                             f"{export_command(runtime)}") from None
         self.input_names = {port.any_name for port in self.compiled.inputs}
         self.num_labels = num_labels
@@ -85,8 +75,6 @@ class OpenVinoRuntime:
 
     def map(self, batches: Iterable[Batch]) -> Iterator[tuple[Batch, np.ndarray]]:
         """(batch, logits) of each batch, in order; one pass per stream at once, each on its own thread."""
-        from concurrent.futures import ThreadPoolExecutor
-
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.streams, thread_name_prefix="ner-openvino")
         return passes_at_once(self._pool, self.streams, self, batches)

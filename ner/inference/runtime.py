@@ -41,7 +41,6 @@ if TYPE_CHECKING:
     import torch
 
 log = logging.getLogger(__name__)
-ONNX_FILES = {runtime: RUNTIME_FILES[runtime][0] for runtime in ("onnx", "onnx-int8")}
 EXPORT_COMMAND = "python -m ner.export MODEL_DIR OUT --onnx --quantize int8"
 
 
@@ -198,6 +197,18 @@ def onnx_threads(omp_num_threads: str | None, torch_threads: int, cpu_quota: flo
     return max(1, torch_threads)
 
 
+def runtime_threads() -> int:
+    """The threads an ONNX session gets in this process, and the streams of an OpenVINO model (onnx_threads of the
+    environment, torch's count and the CPU quota as they are now)."""
+    return onnx_threads(os.environ.get("OMP_NUM_THREADS"), default_threads(), cgroup_cpu_quota())
+
+
+def first_line(exc: Exception) -> str:
+    """A runtime's error in one line: its first, or its type where it says nothing."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def cgroup_cpu_quota(root: Path = Path("/sys/fs/cgroup")) -> float | None:
     """CPUs this container may use per second (cgroup v2 cpu.max, or v1 cfs quota / period); None: no quota."""
     try:
@@ -249,8 +260,7 @@ def onnx_session(path: Path, device_type: str = "cpu"):
     except ImportError:
         raise UserError('ONNX runtimes need onnxruntime: pip install -e ".[onnx]"') from None
     options = onnxruntime.SessionOptions()
-    options.intra_op_num_threads = onnx_threads(os.environ.get("OMP_NUM_THREADS"), default_threads(),
-                                                cgroup_cpu_quota())
+    options.intra_op_num_threads = runtime_threads()
     options.log_severity_level = 3  # errors only: graph-optimisation notices are not the user's business
     providers = onnx_providers(onnxruntime.get_available_providers(), device_type)
     if device_type != "cpu" and len(providers) == 1:
@@ -260,5 +270,5 @@ def onnx_session(path: Path, device_type: str = "cpu"):
     try:
         return onnxruntime.InferenceSession(str(path), options, providers=providers)
     except Exception as exc:  # onnxruntime raises its own Fail / InvalidProtobuf / RuntimeError types
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UserError(f"{path}: not a readable ONNX model ({reason}); re-export it: {EXPORT_COMMAND}") from None
+        raise UserError(f"{path}: not a readable ONNX model ({first_line(exc)}); re-export it: "
+                        f"{EXPORT_COMMAND}") from None

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ner.inference.entities import entities, word_positions
 from ner.metrics import get_entities
 
 Span = tuple[str, int, int]  # (type, first word, last word), as seqeval's get_entities
@@ -187,8 +188,6 @@ class Scored:
 
 def scored_entities(gold_tags: list[list[str]], pred_tags: list[list[str]], probs: list[np.ndarray]) -> list[Scored]:
     """Each predicted entity as ner.inference.entities.entities reads and scores it, marked right or wrong."""
-    from ner.inference.entities import entities, word_positions
-
     scored = []
     for gold, tags, tag_probs in zip(gold_tags, pred_tags, probs, strict=True):
         gold_spans = set(get_entities(gold))

@@ -10,12 +10,12 @@ from ner.metrics import get_entities
 
 
 def drop_below(tags: list[str], probs: np.ndarray, min_score: dict[str, float]) -> list[str]:
-    """The tags with every entity whose score (the mean probability of its tags, as `entities` reports it) is
+    """The tags with every entity whose score (entity_score, as `entities` reports it) is
     below its type's threshold (else the overall one, key "") turned into O."""
     kept = list(tags)
     for kind, first, last in get_entities(tags):
         threshold = min_score.get(kind, min_score.get("", 0.0))
-        if round(float(probs[first:last + 1].mean()), 4) < threshold:
+        if entity_score(probs, first, last) < threshold:
             kept[first:last + 1] = ["O"] * (last + 1 - first)
     return kept
 
@@ -33,8 +33,14 @@ def entities(tags: list[str], probs: np.ndarray, words: list[Word], text: str | 
         start, end = words[first][1], words[last][2]
         span = text[start:end] if text is not None else " ".join(word for word, _, _ in words[first:last + 1])
         found.append({"text": span, "type": kind, "start": start, "end": end,
-                      "score": round(float(probs[first:last + 1].mean()), 4)})
+                      "score": entity_score(probs, first, last)})
     return found
+
+
+def entity_score(probs: np.ndarray, first: int, last: int) -> float:
+    """The score of the entity on words first..last: the mean probability of its tags, to 4 places (what a user
+    reads, so --min-score compares against the same number)."""
+    return round(float(probs[first:last + 1].mean()), 4)
 
 
 def word_positions(words: list[str]) -> list[Word]:

@@ -17,11 +17,11 @@ from ner.data.examples import Example
 from ner.export import main as export_main  # noqa: E402
 from ner.inference import onnx_export  # noqa: E402
 from ner.inference.tagger import Tagger  # noqa: E402
-from tests.conftest import fitted_export, make_sentences, python_module, torch_threads  # noqa: E402
+from tests.conftest import fitted_export, python_module, torch_threads  # noqa: E402
+from tests.test_batch_independence import SENTENCES, tagged_alone_and_mixed  # noqa: E402
 from tests.test_onnx import NO_TORCH, SERVE_ONCE, run_without_torch  # noqa: E402
 
 RUNS = [("openvino", "no"), ("openvino", "bf16"), ("openvino-int8", "no"), ("openvino-int8", "bf16")]
-SENTENCES = make_sentences(24, seed=11, long_every=5)  # several widths, and windowed sentences
 EXAMPLES = [Example([w for w, _ in s], ["O"] * len(s), "t") for s in SENTENCES]
 
 
@@ -53,16 +53,16 @@ def test_openvino_fp32_tags_like_torch_and_static_int8_agrees(exported, tiny_dat
 @pytest.mark.parametrize("runtime,precision", RUNS)
 def test_a_text_gets_the_same_bytes_alone_and_among_neighbours(exported, runtime, precision):
     """Static scales and one fixed shape per width: a window's numbers never depend on what shares its forward."""
-    tagger = Tagger(exported, runtime=runtime, precision=precision)
-    alone = [tagger.tag([example], max_tokens=128) for example in EXAMPLES]
-    for mix in ([3, 0, 17, 9, 22, 5], list(range(len(EXAMPLES)))[::-1]):
-        tags, probs = tagger.tag([EXAMPLES[i] for i in mix], max_tokens=128)
-        for i, t, p in zip(mix, tags, probs):
-            assert t == alone[i][0][0] and p.tobytes() == alone[i][1][0].tobytes(), (runtime, precision, i)
+    tagged_alone_and_mixed(Tagger(exported, runtime=runtime, precision=precision), seed=5, max_tokens=128)
 
 
 @pytest.mark.parametrize("runtime,precision", RUNS)
-def test_each_pass_runs_on_one_thread_and_the_bytes_do_not_depend_on_the_threads(exported, runtime, precision):
+def test_each_pass_runs_on_one_thread_and_the_bytes_do_not_depend_on_the_threads(exported, runtime, precision,
+                                                                                  monkeypatch):
+    from ner.inference import runtime as runtimes
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # the streams follow torch's threads, as on a bare machine
+    monkeypatch.setattr(runtimes, "cgroup_cpu_quota", lambda: None)
     answers = {}
     for threads in (1, 2):
         with torch_threads(threads):
@@ -176,6 +176,12 @@ def test_a_run_with_export_int8_ends_with_every_runtimes_files_calibrated_on_its
     text = ["Ada Lovelace visited London on Monday ."]
     answers = {runtime: Tagger(final, runtime=runtime).predict(text) for runtime in ("onnx-int8", "openvino-int8")}
     assert all(len(answer) == 1 for answer in answers.values())
+    examples = read_conll(tiny_data["validation"])
+    torch_tags = [t for tags in Tagger(final, precision="no").tag(examples)[0] for t in tags]
+    for runtime in ("onnx-int8", "openvino-int8"):  # each file tags the run's own validation data as its gate asks
+        tags = [t for tags in Tagger(final, runtime=runtime).tag(examples)[0] for t in tags]
+        agreement = sum(a == b for a, b in zip(tags, torch_tags, strict=True)) / len(torch_tags)
+        assert agreement >= onnx_export.MIN_INT8_WORD_AGREEMENT, (runtime, agreement)
 
 
 def test_export_int8_without_openvino_is_refused_before_training(monkeypatch):

@@ -154,13 +154,16 @@ def boundaries(stamps: dict, updates: list[float], measured: dict) -> dict[str, 
     return {name: t - start for name, t in clock.items()}
 
 
-def floor_run(work: Path) -> float:
-    """Seconds of one floor process (FLOOR) on ner.train's default model."""
+def floor_run(work: Path, train_args: list[str]) -> float:
+    """Seconds of one floor process (FLOOR) on the model the measured runs train: --model in `train_args`, else
+    ner.train's default."""
     from benchmarks.measure import run_measured
     from ner.training.config import DEFAULT_MODEL
     from ner.training.model import resolve_model_path
 
-    argv = [sys.executable, "-c", FLOOR, resolve_model_path(DEFAULT_MODEL)]
+    model_flag = argparse.ArgumentParser(add_help=False)
+    model_flag.add_argument("--model", default=DEFAULT_MODEL)
+    argv = [sys.executable, "-c", FLOOR, resolve_model_path(model_flag.parse_known_args(train_args)[0].model)]
     return run_measured(argv, work / "floor_log.txt", cwd=work)["wall_s"]
 
 
@@ -187,7 +190,7 @@ def train_section(args: argparse.Namespace) -> None:
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="startup_") as tmp:
         for index in range(args.runs):
-            floors.append(floor_run(Path(tmp)))
+            floors.append(floor_run(Path(tmp), args.train_args))
             for name, checkout in checkouts.items():
                 result = train_run(checkout, Path(tmp) / f"{name.replace(' ', '_')}_{index}", args.train_args)
                 runs[name].append(result)

@@ -291,6 +291,19 @@ def test_train_phases_add_up_to_the_fixed_cost_and_count_only_the_saves_after_th
     assert "3.50, 9.00" in line and "4.00 s median" in line and "this checkout 7.00 s" in line  # 11 - 4
 
 
+def test_the_floor_loads_the_model_the_measured_runs_train(tmp_path, monkeypatch):
+    from benchmarks import measure, startup
+    from ner.training.config import DEFAULT_MODEL
+    from ner.training.model import resolve_model_path
+
+    loaded = []
+    monkeypatch.setattr(measure, "run_measured", lambda argv, *a, **k: loaded.append(argv[-1]) or {"wall_s": 1.0})
+    startup.floor_run(tmp_path, ["--max-steps", "3", "--model", str(tmp_path)])
+    startup.floor_run(tmp_path, [f"--model={tmp_path}"])
+    startup.floor_run(tmp_path, [])
+    assert loaded == [str(tmp_path), str(tmp_path), resolve_model_path(DEFAULT_MODEL)]
+
+
 ENTRY_POINTS = ("training_speed", "baseline", "eval_speed", "inference", "shapes", "seeds", "startup",
                 "batch_independence", "text_split", "corpus_scaling")
 

@@ -64,7 +64,7 @@ def auto_compile(device_type: str) -> str:
 
 
 def resolve_auto(cfg: TrainConfig, *, hidden_size: int, sentences_per_window: float,
-                 updates_per_epoch: Callable[[int], int], device_type: str) -> TrainConfig:
+                 updates_per_epoch: Callable[[int, int], int], device_type: str) -> TrainConfig:
     """A new config with every auto value decided, each choice logged once; `cfg` is left as it was.
 
     `updates_per_epoch(batch_size, max_tokens)` counts an epoch's updates at that batch size and token budget.

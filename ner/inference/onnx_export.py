@@ -39,7 +39,6 @@ MAX_LOGIT_DIFF = 1e-3
 MIN_INT8_WORD_AGREEMENT = 0.98
 MIN_INT8_ENTITY_AGREEMENT = 0.95
 MIN_ENTITY_WORDS = 10  # fewer entity words than this (an untrained head): too few to gate on, reported only
-QUANTIZATIONS = ("int8",)
 CHECK_SENTENCES = [
     "Angela Merkel met Emmanuel Macron in Paris on Tuesday .",
     "Shares of Siemens AG rose 3 percent in Frankfurt after the results .",

@@ -10,7 +10,7 @@ from conftest import tiny_args
 from ner.errors import UserError
 from ner.train import main as train_main
 from ner.training import model as model_module
-from ner.training.config import TrainConfig
+from ner.training.config import BACKENDS, DATA_PARALLEL, TrainConfig, parse_config
 
 
 def losses_and_widths(out) -> tuple[list[float], set[int]]:
@@ -52,5 +52,9 @@ def test_compile_auto_resolves_to_off_and_data_parallel_refuses_it():
     from ner.training.auto import auto_compile
 
     assert auto_compile("cpu") == auto_compile("cuda") == "off"
-    with pytest.raises(UserError, match="--data-parallel"):
-        TrainConfig(compile="on", backend="data_parallel").validate()
+    with pytest.raises(UserError, match="--compile on does not work with --data-parallel"):
+        parse_config(["--compile", "on", "--data-parallel"])
+    with pytest.raises(UserError, match="--compile on does not work with --data-parallel"):
+        TrainConfig(compile="on", backend=DATA_PARALLEL).validate()
+    for backend in set(BACKENDS) - {DATA_PARALLEL}:
+        assert parse_config(["--compile", "on", "--backend", backend])[0].compile == "on"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 
@@ -52,6 +53,20 @@ def test_yaml_errors_name_the_file(tmp_path, text, message):
 def test_validation(argv, message):
     with pytest.raises(UserError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
         parse_config(argv)
+
+
+CHOICE_FIELDS = [f.name for f in dataclasses.fields(TrainConfig) if f.metadata.get("choices")]
+
+
+@pytest.mark.parametrize("name", CHOICE_FIELDS)
+def test_validate_refuses_a_value_outside_a_fields_choices(name):
+    """TrainConfig built in Python (a test, a notebook) is held to the choices that YAML and flags check."""
+    choices = next(f for f in dataclasses.fields(TrainConfig) if f.name == name).metadata["choices"]
+    for choice in choices:
+        TrainConfig(**{name: choice}).validate()
+    misspelt = choices[-1].replace("-", "_") if "-" in choices[-1] else choices[-1] + "_"
+    with pytest.raises(UserError, match=f"^--{name.replace('_', '-')} must be one of .* \\(got '{misspelt}'\\)$"):
+        TrainConfig(**{name: misspelt}).validate()
 
 
 def test_max_seq_length_range_names_the_value_and_the_bounds():

@@ -22,6 +22,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# The training backends by the name --backend takes (the first is the default), and the autocast precisions a
+# backend runs in once `auto` is resolved: declared once, read by the config, the command line and the tests.
+ACCELERATE, RAW_DDP, DATA_PARALLEL = BACKENDS = ("accelerate", "raw-ddp", "data-parallel")
+NO_MIXED_PRECISION, BF16, FP16 = MIXED_PRECISIONS = ("no", "bf16", "fp16")
+
 
 class Backend(Protocol):
     device: torch.device
@@ -156,7 +161,7 @@ def before_any_process_group() -> None:
 def launch(cfg, worker: Callable[[Backend], None], local_rank_arg: int | None = None) -> None:
     """Build the backend the config asks for and run `worker(backend)` in each process."""
     before_any_process_group()
-    if cfg.backend == "accelerate":
+    if cfg.backend == ACCELERATE:
         from ner.backends.hf_accelerate import AccelerateBackend
 
         backend = AccelerateBackend(cfg)
@@ -164,7 +169,7 @@ def launch(cfg, worker: Callable[[Backend], None], local_rank_arg: int | None = 
             worker(backend)
         finally:
             backend.end()
-    elif cfg.backend == "raw-ddp":
+    elif cfg.backend == RAW_DDP:
         from ner.backends import raw_ddp
 
         raw_ddp.launch(cfg, worker, local_rank_arg)

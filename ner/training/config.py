@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from ner.backends import ACCELERATE, BACKENDS, DATA_PARALLEL, MIXED_PRECISIONS, RAW_DDP
 from ner.backends.trackers import TRACKERS, report_trackers
 from ner.data.examples import SAMPLE_DIR
 from ner.data.formats import DATA_FORMATS
@@ -36,7 +37,6 @@ from ner.inference.options import (
 log = logging.getLogger("ner")
 
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
-BACKENDS = ("accelerate", "raw-ddp", "data-parallel")
 CASINGS = ("auto", "types", "none")
 
 
@@ -137,7 +137,7 @@ class TrainConfig:
                        choices=DECODERS)
     mixed_precision: str = _opt(
         "auto", "autocast dtype; auto: bf16 where the device supports it, else fp32; fp16 (GPUs without bf16: "
-        "T4, V100) adds a gradient scaler", choices=("auto", "no", "bf16", "fp16"))
+        "T4, V100) adds a gradient scaler", choices=("auto", *MIXED_PRECISIONS))
     # evaluation, logging, saving
     eval_steps: int = _opt(0, "evaluate every N updates; 0: at the end of each epoch")
     save_steps: int = _opt(0, "checkpoint every N updates too; epoch ends and new best models are always saved")
@@ -164,12 +164,16 @@ class TrainConfig:
         + "; all: every one installed; none: only metrics.jsonl (always written). Offline unless the "
         "tracker's own settings name a server (docs/backends.md)")
     # distribution (which code path; the hardware itself comes from the launcher)
-    backend: str = _opt("accelerate", "training backend (--raw-ddp / --data-parallel are shortcuts)",
+    backend: str = _opt(ACCELERATE, f"training backend (--{RAW_DDP} / --{DATA_PARALLEL} are shortcuts)",
                         choices=BACKENDS)
     nproc: int = _opt(0, "raw DDP without a launcher: worker processes to start (0: GPUs visible, or 1)")
     dist_timeout: float = _opt(600.0, "seconds a collective may wait for a lost rank before failing")
 
     def validate(self) -> TrainConfig:
+        for spec in dataclasses.fields(self):
+            choices, value = spec.metadata.get("choices"), getattr(self, spec.name)
+            if choices and value not in choices:
+                raise UserError(f"--{_flag(spec.name)} must be one of {', '.join(choices)} (got {value!r})")
         positive = ("gradient_accumulation_steps", "max_seq_length", "pad_to_multiple_of")
         for name in positive:
             if getattr(self, name) <= 0:
@@ -202,9 +206,9 @@ class TrainConfig:
             from ner.inference.openvino_export import require_packages
 
             require_packages("--export-int8")
-        if self.compile == "on" and self.backend == "data_parallel":
-            raise UserError("--compile on does not work with --data-parallel (its replicas would call the compiled "
-                            "original); use --compile off, or DDP (accelerate launch, --raw-ddp)")
+        if self.compile == "on" and self.backend == DATA_PARALLEL:
+            raise UserError(f"--compile on does not work with --{DATA_PARALLEL} (its replicas would call the compiled "
+                            f"original); use --compile off, or DDP (accelerate launch, --{RAW_DDP})")
         if self.dist_timeout <= 0:
             raise UserError(f"--dist-timeout must be positive seconds (got {self.dist_timeout})")
         return self
@@ -292,9 +296,9 @@ def build_parser() -> argparse.ArgumentParser:
             metavar = None if f.metadata.get("choices") else kind.__name__.upper() + ("|auto" if auto else "")
             parser.add_argument(f"--{_flag(f.name)}", type=_or_auto(kind) if auto else kind,
                                 choices=f.metadata.get("choices"), help=help_text, metavar=metavar)
-    parser.add_argument("--raw-ddp", dest="backend", action="store_const", const="raw-ddp",
+    parser.add_argument(f"--{RAW_DDP}", dest="backend", action="store_const", const=RAW_DDP,
                         help="plain torch DistributedDataParallel, no Accelerate (torchrun or self-spawned)")
-    parser.add_argument("--data-parallel", dest="backend", action="store_const", const="data-parallel",
+    parser.add_argument(f"--{DATA_PARALLEL}", dest="backend", action="store_const", const=DATA_PARALLEL,
                         help="one process, nn.DataParallel over the visible GPUs")
     # torch.distributed.launch (legacy) passes the local rank as an argument instead of LOCAL_RANK.
     parser.add_argument("--local_rank", "--local-rank", dest="local_rank", type=int, help=argparse.SUPPRESS)

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from ner.backends import Backend
+from ner.backends import ACCELERATE, Backend
 from ner.backends.trackers import TRACKERS_DIR, claim_tracker_files, unrecorded_tracker_files
 from ner.data.batching import TokenBudgetBatchSampler
 from ner.data.conll import write_predictions
@@ -306,7 +306,7 @@ def run(cfg: TrainConfig, backend: Backend) -> dict:
         log.info("resumed from %s (step %d, epoch %d, batch %d)", resume_from, state.global_step, state.epoch,
                  state.batches_done)
     claim_output_dir(cfg, backend, resume_from)
-    if cfg.report_to != "none" and cfg.backend != "accelerate":
+    if cfg.report_to != "none" and cfg.backend != ACCELERATE:
         log.warning("--report-to %s works through Accelerate's trackers; with --%s only metrics.jsonl is written",
                     cfg.report_to, cfg.backend)
     hooks = RunHooks(cfg, backend, model, optimizer, scheduler, data, state, total_steps)

@@ -189,6 +189,19 @@ def test_resume_check_reads_options_missing_from_older_checkpoints_as_their_old_
         check_compatible(older, {**config, "pad_to_multiple_of": 4}, ["O"], 1, tmp_path)
 
 
+def test_a_resume_may_add_export_int8_which_changes_no_math(tiny_bert, tiny_data, tmp_path, monkeypatch):
+    """A run resumed at its last step with --export-int8 added: accepted, and its end writes the int8 files (the
+    export itself is recorded here, not run: test_openvino runs it)."""
+    from ner.train import main as train_main
+
+    exported = []
+    monkeypatch.setattr(run_module, "export_folder", lambda *args, **kwargs: exported.append(kwargs["quantize"]))
+    args = tiny_args(tiny_bert, tiny_data, tmp_path / "run", "--max-steps", "2", "--no-eval", "--resume", "auto")
+    assert train_main(args) == 0 and exported == []
+    assert train_main([*args, "--export-int8"]) == 0
+    assert exported == ["int8"]
+
+
 # ----------------------------------------------------------------------------- --overwrite-output-dir, 2 ranks
 
 RANK = threading.local()  # which fake rank this thread is

@@ -60,7 +60,7 @@ STATE = "trainer_state.json"
 RESUME_MAY_CHANGE = {"output_dir", "resume", "quiet", "logging_steps", "eval_steps", "save_steps",
                      "save_total_limit", "overwrite_output_dir", "backend", "nproc", "dist_timeout",
                      "no_eval", "validation_file", "test_file", "max_steps", "num_epochs", "report_to",
-                     "attn_implementation", "compile"}
+                     "attn_implementation", "compile", "export_int8"}
 # Not here: the early-stopping options. A checkpoint records the counter and whether the run
 # already stopped under the old values, so new ones would give a run that no single setting gives.
 # Options added after checkpoints were first written: a checkpoint without one ran with this value.

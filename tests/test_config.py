@@ -12,7 +12,7 @@ from conftest import read_state, run_cli, tiny_args
 from ner import train as train_cli
 from ner.errors import UserError
 from ner.training.checkpoint import list_checkpoints
-from ner.training.config import TrainConfig, load_yaml, parse_config
+from ner.training.config import MAY_CHANGE, MUST_MATCH, AddedLater, TrainConfig, load_yaml, parse_config, resume_rule
 
 
 def test_flags_override_yaml_which_overrides_defaults(tmp_path):
@@ -198,3 +198,14 @@ def test_the_resolved_token_budget_is_stored_with_the_run(tiny_bert, tiny_data, 
 def test_remote_code_is_off_unless_asked():
     assert TrainConfig().trust_remote_code is False
     assert parse_config(["--trust-remote-code"])[0].trust_remote_code is True
+
+
+def test_every_field_declares_how_resume_treats_it():
+    """A field added without saying whether a resume may change it, and what older checkpoints ran with, is the
+    defect this prevents (one that broke every older checkpoint once): declare resume=MAY_CHANGE, MUST_MATCH or
+    AddedLater(value the older checkpoints ran with) where the field is declared."""
+    undeclared = [spec.name for spec in dataclasses.fields(TrainConfig) if resume_rule(spec) is None]
+    assert undeclared == [], f"TrainConfig fields without a resume rule: {undeclared}"
+    rules = {spec.name: resume_rule(spec) for spec in dataclasses.fields(TrainConfig)}
+    assert rules["export_int8"] == MAY_CHANGE and rules["learning_rate"] == MUST_MATCH
+    assert rules["decode"] == AddedLater("argmax")

@@ -3,6 +3,7 @@ rank is bounded by --dist-timeout, and checkpoints are verified, rotated and pic
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import shutil
@@ -19,6 +20,7 @@ from safetensors.torch import load_file
 from ner.errors import UserError
 from ner.training import checkpoint as ckpt
 from ner.training import run as run_module
+from ner.training.config import MAY_CHANGE, MUST_MATCH, AddedLater, TrainConfig, resume_rule
 
 KILL_STEP = 20  # epoch 1 (15 updates an epoch on 1 rank), in the middle of it
 
@@ -187,6 +189,39 @@ def test_resume_check_reads_options_missing_from_older_checkpoints_as_their_old_
     check_compatible(older, {**config, "pad_to_multiple_of": 1}, ["O"], 1, tmp_path)  # what it ran with
     with pytest.raises(UserError, match=r"pad_to_multiple_of: checkpoint 1, now 4"):
         check_compatible(older, {**config, "pad_to_multiple_of": 4}, ["O"], 1, tmp_path)
+
+
+def another_value(spec: dataclasses.Field, value: object) -> object:
+    """A valid value of the field other than `value`."""
+    choices = spec.metadata.get("choices")
+    if choices:
+        return next(choice for choice in choices if choice != value)
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, (int, float)):
+        return value + 1
+    return f"{value}-other" if value is not None else "1"
+
+
+@pytest.mark.parametrize("name", [spec.name for spec in dataclasses.fields(TrainConfig)])
+def test_resume_accepts_or_refuses_each_option_as_the_option_declares(tmp_path, name):
+    """Changed on resume: refused, naming the option, unless it declares MAY_CHANGE; left out of an older
+    checkpoint: read as the value it declares with AddedLater (refused where it declares none)."""
+    spec = next(spec for spec in dataclasses.fields(TrainConfig) if spec.name == name)
+    rule, config = resume_rule(spec), TrainConfig().to_dict()
+    saved = {"config": config, "label_list": ["O"], "world_size": 1}
+    changed = {**config, name: another_value(spec, config[name])}
+    if rule == MAY_CHANGE:
+        ckpt.check_compatible(saved, changed, ["O"], 1, tmp_path)
+    else:
+        with pytest.raises(UserError, match=f"\\n  {name}: checkpoint "):
+            ckpt.check_compatible(saved, changed, ["O"], 1, tmp_path)
+    older = {**saved, "config": {key: value for key, value in config.items() if key != name}}
+    if isinstance(rule, AddedLater):
+        ckpt.check_compatible(older, {**config, name: rule.value}, ["O"], 1, tmp_path)
+    elif rule == MUST_MATCH and config[name] is not None:
+        with pytest.raises(UserError, match=f"{name}: checkpoint None, now "):
+            ckpt.check_compatible(older, config, ["O"], 1, tmp_path)
 
 
 def test_a_resume_may_add_export_int8_which_changes_no_math(tiny_bert, tiny_data, tmp_path, monkeypatch):

@@ -18,6 +18,7 @@ remove a checkpoint only when it holds nothing else.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import random
@@ -44,6 +45,7 @@ from ner.files import (
     unrecorded,
     write_record,
 )
+from ner.training.config import MAY_CHANGE, AddedLater, TrainConfig, resume_rule
 
 log = logging.getLogger(__name__)
 
@@ -52,21 +54,11 @@ MANIFEST = "manifest.json"
 CHECKPOINT_TOOL = "ner.train"  # the tool of a checkpoint's manifest, ner/files.py's record of its folder
 CHECKPOINT_NAME = re.compile(r"step_\d+")
 STATE = "trainer_state.json"
-# Options that may differ on resume. Most change where output goes or how often, not the math.
-# Two change the run's length: with a new --max-steps / --num-epochs the learning-rate schedule
-# is rebuilt for the new total, so from the resumed step on it follows the new length's curve.
-# The attention kernel (eager / sdpa) computes the same function up to float rounding; `auto`
-# picks per device, so a checkpoint can move between CPU and GPU.
-RESUME_MAY_CHANGE = {"output_dir", "resume", "quiet", "logging_steps", "eval_steps", "save_steps",
-                     "save_total_limit", "overwrite_output_dir", "backend", "nproc", "dist_timeout",
-                     "no_eval", "validation_file", "test_file", "max_steps", "num_epochs", "report_to",
-                     "attn_implementation", "compile", "export_int8"}
-# Not here: the early-stopping options. A checkpoint records the counter and whether the run
-# already stopped under the old values, so new ones would give a run that no single setting gives.
+# How resume treats each option is declared with the option (TrainConfig's fields, `resume=`); derived here.
+RESUME_MAY_CHANGE = frozenset(spec.name for spec in dataclasses.fields(TrainConfig) if resume_rule(spec) == MAY_CHANGE)
 # Options added after checkpoints were first written: a checkpoint without one ran with this value.
-ADDED_LATER = {"casing": "none", "casing_dropout": 0.0, "pad_to_multiple_of": 1, "context": "none", "context_tokens": 0,
-               "document_column": "document", "decode": "argmax", "early_stopping_patience": 0,
-               "early_stopping_threshold": 0.0}
+ADDED_LATER = {spec.name: rule.value for spec in dataclasses.fields(TrainConfig)
+               if isinstance(rule := resume_rule(spec), AddedLater)}
 SCALER = "scaler.pt"
 SEAL_THREADS = 4  # files fsynced and hashed at once when a checkpoint is sealed
 

@@ -40,8 +40,27 @@ DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 CASINGS = ("auto", "types", "none")
 
 
-def _opt(default: Any, help: str, **extra: Any) -> Any:
-    return field(default=default, metadata={"help": help, **extra})
+# How a resumed run treats each field (checkpoint.check_compatible), declared by every field as its `resume=`. Most
+# that may change say where output goes or how often, not the math; a field that changes the math must match.
+MAY_CHANGE = "may change"  # the resumed run may give another value
+MUST_MATCH = "must match"  # another value is refused, listed with the checkpoint's
+
+
+@dataclass(frozen=True)
+class AddedLater:
+    """Must match; a checkpoint written before the field existed ran with `value` (it is compared as that)."""
+
+    value: Any
+
+
+def _opt(default: Any, help: str, *, resume: str | AddedLater, **extra: Any) -> Any:
+    return field(default=default, metadata={"help": help, "resume": resume, **extra})
+
+
+def resume_rule(spec: dataclasses.Field) -> str | AddedLater | None:
+    """The field's declared resume rule; None where it declares none (tests/test_config.py refuses that)."""
+    rule = spec.metadata.get("resume")
+    return rule if rule in (MAY_CHANGE, MUST_MATCH) or isinstance(rule, AddedLater) else None
 
 
 @dataclass
@@ -49,125 +68,156 @@ class TrainConfig:
     # data
     train_file: str | None = _opt(
         None, "training data: CoNLL file, JSONL file, or a `datasets` save_to_disk folder "
-        "(default: the small sample shipped in ner/sample_data)")
-    validation_file: str | None = _opt(None, "validation data, same formats (default: none, or the sample's)")
-    test_file: str | None = _opt(None, "test data scored once at the end with the best model")
+        "(default: the small sample shipped in ner/sample_data)", resume=MUST_MATCH)
+    validation_file: str | None = _opt(None, "validation data, same formats (default: none, or the sample's)",
+                                       resume=MAY_CHANGE)
+    test_file: str | None = _opt(None, "test data scored once at the end with the best model", resume=MAY_CHANGE)
     dataset: str | None = _opt(
-        None, "Hugging Face dataset name or save_to_disk folder with train/validation/test splits")
+        None, "Hugging Face dataset name or save_to_disk folder with train/validation/test splits", resume=MUST_MATCH)
     data_format: str = _opt(
         "auto", "what the data files hold; auto: found from each file's content. conll, jsonl (words and tags), "
         "spans (JSONL of texts with character spans: doccano, Prodigy), label-studio (its JSON export), "
-        "spacy (.spacy DocBin); docs/data_formats.md", choices=DATA_FORMATS)
+        "spacy (.spacy DocBin); docs/data_formats.md", choices=DATA_FORMATS, resume=AddedLater("auto"))
     span_alignment: str = _opt(
         "strict", "span data: what to do with a span that cuts a word, overlaps another or leaves its text. "
         "strict: refuse the file; expand: grow it to whole words; contract: shrink it to the words inside "
-        "(both keep the longer of overlapping spans and count what they did in the log)", choices=ALIGNMENTS)
-    tokens_column: str = _opt("tokens", "column of words in a `datasets` dataset or JSONL file")
-    tags_column: str = _opt("tags", "column of tags in a `datasets` dataset or JSONL file (`ner_tags` also tried)")
-    tag_scheme: str = _opt("auto", "tag scheme of the input files", choices=("auto", "iob1", "iob2", "iobes"))
-    convert_tags_to: str = _opt("none", "convert tags before training", choices=("none", "iob2", "iobes"))
+        "(both keep the longer of overlapping spans and count what they did in the log)", choices=ALIGNMENTS,
+        resume=AddedLater("strict"))
+    tokens_column: str = _opt("tokens", "column of words in a `datasets` dataset or JSONL file", resume=MUST_MATCH)
+    tags_column: str = _opt("tags", "column of tags in a `datasets` dataset or JSONL file (`ner_tags` also tried)",
+                            resume=MUST_MATCH)
+    tag_scheme: str = _opt("auto", "tag scheme of the input files", choices=("auto", "iob1", "iob2", "iobes"),
+                           resume=MUST_MATCH)
+    convert_tags_to: str = _opt("none", "convert tags before training", choices=("none", "iob2", "iobes"),
+                                resume=MUST_MATCH)
     max_seq_length: int = _opt(
-        MAX_SEQ_LENGTH, "subword tokens per window incl. [CLS]/[SEP]; longer sentences become overlapping windows")
+        MAX_SEQ_LENGTH, "subword tokens per window incl. [CLS]/[SEP]; longer sentences become overlapping windows",
+        resume=MUST_MATCH)
     window_stride_words: int = _opt(WINDOW_STRIDE_WORDS, "words shared by consecutive windows of one long sentence "
-                                    "(0: a quarter of the window)")
+                                    "(0: a quarter of the window)", resume=MUST_MATCH)
     context: str = _opt(
         "auto", "document context: encode each sentence with neighbouring words of its document "
         "(CoNLL -DOCSTART-, a JSONL/datasets `document` field); auto: document when the training data "
-        "has two or more documents, else none", choices=CONTEXTS)
+        "has two or more documents, else none", choices=CONTEXTS, resume=AddedLater("none"))
     context_tokens: int = _opt(0, "with document context, subword tokens of context guaranteed on each side "
-                                  "of every predicted word; 0: max-seq-length / 8")
-    document_column: str = _opt("document", "JSONL field / `datasets` column holding each sentence's document id")
+                                  "of every predicted word; 0: max-seq-length / 8", resume=AddedLater(0))
+    document_column: str = _opt("document", "JSONL field / `datasets` column holding each sentence's document id",
+                                resume=AddedLater("document"))
     casing: str = _opt(
         "auto", "give the model each word's case as a token type (1 no capital / 2 capital first letter / 3 all "
         "capitals; 0 case unknown, what a plain transformers pipeline passes); auto: types for an encoder that "
         "lower-cases its input and takes token types (the packaged MiniLM, bert-base-uncased), else none",
-        choices=CASINGS)
+        choices=CASINGS, resume=AddedLater("none"))
     casing_dropout: float = _opt(
         0.5, "with casing types, the share of training windows shown without case (every type 0, unknown), so "
-        "the model also tags text whose case it is not given, as in a plain transformers pipeline")
+        "the model also tags text whose case it is not given, as in a plain transformers pipeline",
+        resume=AddedLater(0.0))
+    # Older checkpoints: None. With casing types they used the legacy 3-type scheme, which a resume must refuse;
+    # without, None is what a run records today.
     casing_scheme: str | None = _opt(
         None, "recorded, not an option: which types the case became (encode.CASING_SCHEME), so an export is "
-        "read the way it was trained", recorded=True)
-    label_all_subwords: bool = _opt(False, "train on every subword, not only the first of each word")
+        "read the way it was trained", recorded=True, resume=AddedLater(None))
+    label_all_subwords: bool = _opt(False, "train on every subword, not only the first of each word",
+                                    resume=MUST_MATCH)
     min_score: str | None = _opt(
         None, "entities whose score (the mean probability of their tags) is below this are dropped at inference: "
         "0.5, or per type, 0.5,PER=0.8; stored in the export, so ner.predict, ner.evaluate, ner.serve and corpus "
-        "tagging all apply it (their own --min-score overrides it)")
+        "tagging all apply it (their own --min-score overrides it)", resume=AddedLater(None))
     # model
-    model: str = _opt(DEFAULT_MODEL, "hub id or local folder of a pretrained encoder (MiniLM is packaged offline)")
-    trust_remote_code: bool = _opt(False, "allow model repositories to run their own Python code")
+    model: str = _opt(DEFAULT_MODEL, "hub id or local folder of a pretrained encoder (MiniLM is packaged offline)",
+                      resume=MUST_MATCH)
+    trust_remote_code: bool = _opt(False, "allow model repositories to run their own Python code", resume=MUST_MATCH)
+    # May change on resume: eager and sdpa compute the same function up to float rounding, and `auto` picks per
+    # device, so a checkpoint can move between CPU and GPU.
     attn_implementation: str = _opt(
         "auto", "attention kernel; auto: eager on CPU (measured 1.2x faster there on short sentences), sdpa on GPUs",
-        choices=("auto", "sdpa", "eager"))
+        choices=("auto", "sdpa", "eager"), resume=MAY_CHANGE)
     optimizer_impl: str = _opt("fused", "AdamW implementation: fused (one kernel), foreach (multi-tensor) or for-loop",
-                               choices=("foreach", "fused", "for-loop"))
+                               choices=("foreach", "fused", "for-loop"), resume=AddedLater("foreach"))
+    # May change on resume: the same function, compiled or not (losses agree to 1e-5, tests/test_compile.py).
     compile: str = _opt(
         "auto", "torch.compile the model (inductor; shapes become dynamic after the second padded width, so a run "
         "compiles a few graphs, not one per width); auto: off, the faster choice wherever it was measured "
-        "(docs/performance.md, \"Compiled steps\"); not with --data-parallel", choices=("auto", "on", "off"))
+        "(docs/performance.md, \"Compiled steps\"); not with --data-parallel", choices=("auto", "on", "off"),
+        resume=MAY_CHANGE)
+    # May change on resume: where encoded data is cached; a cached encoding equals a fresh one.
     tokenization_cache: str = _opt(
         "auto", "folder for cached tokenised data; auto: $NER_CACHE_DIR, else $XDG_CACHE_HOME/ner, "
-        "else ~/.cache/ner (a features/ folder inside); none: off")
+        "else ~/.cache/ner (a features/ folder inside); none: off", resume=MAY_CHANGE)
     # optimisation
+    # The run's length may change on resume: with a new --num-epochs / --max-steps the learning-rate schedule is
+    # rebuilt for the new total, so from the resumed step on it follows the new length's curve.
     num_epochs: int = _opt(
         0, "passes over the training data; 0: auto, enough for ~1,500 updates, at least 3 and at most 10 "
-        "(ignored when --max-steps > 0)")
-    max_steps: int = _opt(-1, "optimizer updates to run; -1: use --num-epochs")
+        "(ignored when --max-steps > 0)", resume=MAY_CHANGE)
+    max_steps: int = _opt(-1, "optimizer updates to run; -1: use --num-epochs", resume=MAY_CHANGE)
     batch_size: int = _opt(
         0, "windows per device per micro-batch, an upper bound with --max-tokens; 0: auto, 32 sentences on CPU, "
-        "128 on CUDA (with document context: as many windows as hold about that many sentences)")
+        "128 on CUDA (with document context: as many windows as hold about that many sentences)", resume=MUST_MATCH)
     max_tokens: int | None = _opt(
         None, "padded tokens per device per micro-batch (length-aware batching); 0: fixed --batch-size; auto: by "
-        "device, 4096 on CPU (measured), 16384 on CUDA (reasoned, docs/defaults.md)", auto=True)
+        "device, 4096 on CPU (measured), 16384 on CUDA (reasoned, docs/defaults.md)", auto=True, resume=MUST_MATCH)
     pad_to_multiple_of: int = _opt(
         PAD_TO_MULTIPLE_OF, "round each batch's padded length up to a multiple of this: fewer distinct "
-        "shapes for the kernel caches, so less memory and warm-up (docs/performance.md); 1: longest row only")
-    gradient_accumulation_steps: int = _opt(1, "micro-batches per optimizer update")
+        "shapes for the kernel caches, so less memory and warm-up (docs/performance.md); 1: longest row only",
+        resume=AddedLater(1))
+    gradient_accumulation_steps: int = _opt(1, "micro-batches per optimizer update", resume=MUST_MATCH)
     learning_rate: float = _opt(
         0.0, "peak learning rate after warmup; 0: auto, 2e-4 for encoders of hidden size <= 512 "
         "(MiniLM-class), 5e-5 for larger (BERT-base and up); twice that for CUDA's auto micro-batch, 4x the CPU's "
-        "(square-root scaling, docs/defaults.md)")
-    warmup_ratio: float = _opt(0.1, "fraction of all updates spent warming up linearly from 0")
-    weight_decay: float = _opt(0.01, "AdamW decoupled weight decay (not on biases and LayerNorm)")
-    lr_scheduler: str = _opt("linear", "decay after warmup", choices=("linear", "cosine", "constant"))
-    max_grad_norm: float = _opt(1.0, "clip gradients to this global L2 norm; 0: no clipping")
-    seed: int = _opt(42, "seed for weights of the new head, dropout and data order")
+        "(square-root scaling, docs/defaults.md)", resume=MUST_MATCH)
+    warmup_ratio: float = _opt(0.1, "fraction of all updates spent warming up linearly from 0", resume=MUST_MATCH)
+    weight_decay: float = _opt(0.01, "AdamW decoupled weight decay (not on biases and LayerNorm)", resume=MUST_MATCH)
+    lr_scheduler: str = _opt("linear", "decay after warmup", choices=("linear", "cosine", "constant"),
+                             resume=MUST_MATCH)
+    max_grad_norm: float = _opt(1.0, "clip gradients to this global L2 norm; 0: no clipping", resume=MUST_MATCH)
+    seed: int = _opt(42, "seed for weights of the new head, dropout and data order", resume=MUST_MATCH)
     decode: str = _opt("viterbi", "tags from per-word scores: viterbi (only sequences the tag scheme allows) "
                        "or argmax; used by evaluation here and by default by ner.predict / ner.evaluate",
-                       choices=DECODERS)
+                       choices=DECODERS, resume=AddedLater("argmax"))
     mixed_precision: str = _opt(
         "auto", "autocast dtype; auto: bf16 where the device supports it, else fp32; fp16 (GPUs without bf16: "
-        "T4, V100) adds a gradient scaler", choices=("auto", *MIXED_PRECISIONS))
+        "T4, V100) adds a gradient scaler", choices=("auto", *MIXED_PRECISIONS), resume=MUST_MATCH)
     # evaluation, logging, saving
-    eval_steps: int = _opt(0, "evaluate every N updates; 0: at the end of each epoch")
-    save_steps: int = _opt(0, "checkpoint every N updates too; epoch ends and new best models are always saved")
-    no_eval: bool = _opt(False, "skip validation during training")
+    eval_steps: int = _opt(0, "evaluate every N updates; 0: at the end of each epoch", resume=MAY_CHANGE)
+    save_steps: int = _opt(0, "checkpoint every N updates too; epoch ends and new best models are always saved",
+                           resume=MAY_CHANGE)
+    no_eval: bool = _opt(False, "skip validation during training", resume=MAY_CHANGE)
+    # The early-stopping options must match: a checkpoint records the counter and whether the run already stopped
+    # under the old values, so new ones would give a run that no single setting gives.
     early_stopping_patience: int = _opt(
         0, "stop after this many evaluations in a row without a validation F1 gain above "
-        "--early-stopping-threshold; 0: never stop early")
+        "--early-stopping-threshold; 0: never stop early", resume=AddedLater(0))
     early_stopping_threshold: float = _opt(
-        0.0, "smallest validation F1 gain that counts as better for early stopping, as a fraction (0.001 = 0.1 points)")
-    logging_steps: int = _opt(10, "log loss and learning rate every N updates")
+        0.0, "smallest validation F1 gain that counts as better for early stopping, as a fraction (0.001 = 0.1 points)",
+        resume=AddedLater(0.0))
+    logging_steps: int = _opt(10, "log loss and learning rate every N updates", resume=MAY_CHANGE)
+    # May change on resume: more files at the end, the same training.
     export_int8: bool = _opt(
         False, "at the end, also write model.onnx, model.int8.onnx and model.int8.xml (OpenVINO's static int8, "
         "calibrated on the training data) into OUTPUT_DIR/final, each checked against PyTorch, for --runtime onnx, "
-        "onnx-int8, openvino and openvino-int8 (pip install -e \".[openvino]\")")
-    output_dir: str = _opt("runs/ner", "where checkpoints, the final export and metrics go")
+        "onnx-int8, openvino and openvino-int8 (pip install -e \".[openvino]\")", resume=MAY_CHANGE)
+    output_dir: str = _opt("runs/ner", "where checkpoints, the final export and metrics go", resume=MAY_CHANGE)
     overwrite_output_dir: bool = _opt(
         False, "replace the run in --output-dir: removes only what a run writes (checkpoints/, final/, metrics.jsonl, "
-        "predictions/, plots, trackers/), and nothing if a file of yours is among them")
-    save_total_limit: int = _opt(2, "newest checkpoints kept (the best one is always kept too); 0: keep all")
-    resume: str | None = _opt(None, "`auto` (newest complete checkpoint in --output-dir) or a checkpoint folder")
-    quiet: bool = _opt(False, "no progress bars")
+        "predictions/, plots, trackers/), and nothing if a file of yours is among them", resume=MAY_CHANGE)
+    save_total_limit: int = _opt(2, "newest checkpoints kept (the best one is always kept too); 0: keep all",
+                                 resume=MAY_CHANGE)
+    resume: str | None = _opt(None, "`auto` (newest complete checkpoint in --output-dir) or a checkpoint folder",
+                              resume=MAY_CHANGE)
+    quiet: bool = _opt(False, "no progress bars", resume=MAY_CHANGE)
     report_to: str = _opt(
         "none", "also log to these trackers through Accelerate, comma-separated: " + ", ".join(TRACKERS)
         + "; all: every one installed; none: only metrics.jsonl (always written). Offline unless the "
-        "tracker's own settings name a server (docs/backends.md)")
-    # distribution (which code path; the hardware itself comes from the launcher)
+        "tracker's own settings name a server (docs/backends.md)", resume=MAY_CHANGE)
+    # distribution (which code path; the hardware itself comes from the launcher): may change on resume, since the
+    # backends train the same model (tests/test_backends.py resumes each one's checkpoint under another)
     backend: str = _opt(ACCELERATE, f"training backend (--{RAW_DDP} / --{DATA_PARALLEL} are shortcuts)",
-                        choices=BACKENDS)
-    nproc: int = _opt(0, "raw DDP without a launcher: worker processes to start (0: GPUs visible, or 1)")
-    dist_timeout: float = _opt(600.0, "seconds a collective may wait for a lost rank before failing")
+                        choices=BACKENDS, resume=MAY_CHANGE)
+    nproc: int = _opt(0, "raw DDP without a launcher: worker processes to start (0: GPUs visible, or 1)",
+                      resume=MAY_CHANGE)
+    dist_timeout: float = _opt(600.0, "seconds a collective may wait for a lost rank before failing",
+                               resume=MAY_CHANGE)
 
     def validate(self) -> TrainConfig:
         for spec in dataclasses.fields(self):

@@ -185,6 +185,33 @@ def test_resume_auto_continues_and_matches_an_uninterrupted_run(tiny_bert, tiny_
     assert a["step_losses"] == b["step_losses"] and a["global_step"] == b["global_step"] == 30
 
 
+def test_resume_auto_with_no_complete_checkpoint_starts_afresh_only_where_no_run_was(tiny_bert, tiny_data, tmp_path,
+                                                                                   capsys):
+    """Nothing written yet (a launcher's first start): a fresh run. A folder holding a run whose saves never
+    finished: refused, naming what it holds, and left as it was, unless --overwrite-output-dir replaces that run."""
+    fresh = tmp_path / "fresh"
+    args = ["--max-steps", "2", "--no-eval", "--resume", "auto"]
+    assert train_cli.main(tiny_args(tiny_bert, tiny_data, fresh, *args)) == 0
+    out = tmp_path / "run"
+    (out / "checkpoints" / "step_24").mkdir(parents=True)  # an interrupted save: no manifest
+    (out / "metrics.jsonl").write_text('{"step": 1, "loss": 9.0}\n')
+    (out / "notes.md").write_text("mine")
+    before = sorted((str(p.relative_to(out)), p.is_file() and p.read_text()) for p in out.rglob("*"))
+    capsys.readouterr()
+    assert train_cli.main(tiny_args(tiny_bert, tiny_data, out, *args)) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1] == (
+        f"error: {out}: --resume auto found no complete checkpoint, and the folder holds a run (checkpoints, "
+        "metrics.jsonl); pass --overwrite-output-dir to start afresh there, or choose another --output-dir")
+    assert "Traceback" not in err
+    assert sorted((str(p.relative_to(out)), p.is_file() and p.read_text()) for p in out.rglob("*")) == before
+    assert train_cli.main(tiny_args(tiny_bert, tiny_data, out, *args, "--overwrite-output-dir")) == 0
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert records and all(record.get("loss") != 9.0 for record in records)  # the new run's records only
+    assert (out / "notes.md").read_text() == "mine"
+    assert [p.name for p in list_checkpoints(out)] == ["step_2"]
+
+
 # ----------------------------------------------------------------------------- bad input matrix
 
 def bad_conll(tmp_path, name, content: bytes):

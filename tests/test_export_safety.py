@@ -361,11 +361,11 @@ def test_overwrite_output_dir_refuses_trackers_no_record_lists(tmp_path):
     assert snapshot(out) == before
 
 
-def test_the_tracker_record_never_lists_what_was_there_before_the_run_or_a_refused_run(tmp_path):
+def test_the_tracker_record_never_lists_what_was_there_before_the_run_or_a_refused_run(checkpoint, tmp_path):
     out = tmp_path / "run"
     trackers_of_a_run(out)
     (out / "trackers" / "mine.txt").write_text("mine")  # added between two runs
-    claim(out, overwrite=False, resume="auto")  # resuming: nothing is removed
+    claim(out, overwrite=False, resume="auto", resume_from=checkpoint)  # resuming: nothing is removed
     (out / "trackers" / "ner" / "events.out.tfevents.1700000100.host.2.0").write_bytes(b"resumed")
     trackers.record_tracker_files(out)  # at a checkpoint
     assert trackers.unrecorded_tracker_files(out) == [out / "trackers" / "mine.txt"]
@@ -414,12 +414,24 @@ def test_the_record_is_written_after_the_trackers_close(tmp_path, monkeypatch):
     assert trackers.recorded_tracker_paths(out) == {"wandb", "wandb/wandb-summary.json"}
 
 
-def test_resume_refuses_a_final_folder_it_would_have_to_replace(tmp_path):
+def test_resume_auto_with_no_checkpoint_starts_beside_your_files_but_not_over_a_killed_first_save(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "notes.md").write_text("mine")
+    claim(out, overwrite=False, resume="auto")  # no run here: a fresh start
+    (out / "checkpoints" / ".step_4.new-0123abcd").mkdir(parents=True)  # a first save killed midway
+    with pytest.raises(UserError, match=r"found no complete checkpoint, and the folder holds a run \(checkpoints\)"):
+        claim(out, overwrite=False, resume="auto")
+    claim(out, overwrite=True, resume="auto")
+    assert [p.name for p in out.iterdir()] == ["notes.md"]
+
+
+def test_resume_refuses_a_final_folder_it_would_have_to_replace(checkpoint, tmp_path):
     out = tmp_path / "run"
     (out / "final").mkdir(parents=True)
     (out / "final" / "report.pdf").write_text("mine")
     with pytest.raises(UserError, match=re.escape(f"({out / 'final'})")):
-        claim(out, overwrite=False, resume="auto")
+        claim(out, overwrite=False, resume="auto", resume_from=checkpoint)
     assert (out / "final" / "report.pdf").read_text() == "mine"
 
 

@@ -133,18 +133,23 @@ def batch_eval_sets(cfg: TrainConfig, data: Prepared) -> dict[str, EvalSet]:
 
 
 def claim_output_dir(cfg: TrainConfig, backend: Backend, resume_from: Path | None = None) -> None:
-    """Refuse to mix two runs in one folder unless told to overwrite or resume; refuse, before anything is removed,
-    to remove or replace anything no record shows a run wrote."""
+    """Refuse to mix two runs in one folder unless told to overwrite or resume (a run starts afresh, `--resume auto`
+    that found no complete checkpoint included, only where no run wrote); refuse, before anything is removed, to
+    remove or replace anything no record shows a run wrote."""
     out = cfg.output_path
     claim_tracker_files(out, claimed=False)
     if out.exists() and not out.is_dir():
         raise UserError(f"{out}: --output-dir exists and is not a folder")
     taken = run_markers(out)
-    if cfg.resume is None and cfg.overwrite_output_dir:
+    if resume_from is None and cfg.overwrite_output_dir:
         replace_previous_run(out, backend)
     elif taken and cfg.resume is None:
         raise UserError(f"{out}: holds another run ({', '.join(taken)}); pass --resume auto to continue it, "
                         "--overwrite-output-dir to replace it, or choose another --output-dir")
+    elif taken and resume_from is None:
+        raise UserError(f"{out}: --resume auto found no complete checkpoint, and the folder holds a run "
+                        f"({', '.join(taken)}); pass --overwrite-output-dir to start afresh there, or choose another "
+                        "--output-dir")
     elif "final" in taken:
         check_final_for_resume(out / "final", resume_from)  # on every rank: a resume removes nothing
     backend.wait_for_everyone()  # no rank looks at the folder any more when rank 0 starts writing there

@@ -14,6 +14,7 @@ import torch
 from conftest import python_module, read_state, run_cli, tiny_args
 from safetensors.torch import load_file
 
+from ner.backends import ACCELERATE, BACKENDS, RAW_DDP
 from ner.training.checkpoint import list_checkpoints
 
 
@@ -32,7 +33,7 @@ def max_weight_difference(a: dict, b: dict) -> float:
     return max((a[k] - b[k]).abs().max().item() for k in a)
 
 
-BACKEND_FLAGS = {"accelerate": [], "raw-ddp": ["--raw-ddp"], "data-parallel": ["--data-parallel"]}
+BACKEND_FLAGS = {name: ["--backend", name] for name in BACKENDS}  # a new backend gets its runs here too
 
 
 @pytest.fixture(scope="module")
@@ -46,10 +47,10 @@ def one_process_runs(tiny_bert, tiny_data, tmp_path_factory):
 
 
 def test_backends_give_identical_losses_and_weights(one_process_runs):
-    reference = one_process_runs["accelerate"]
+    reference = one_process_runs[ACCELERATE]
     assert len(reference["losses"]) > 20
     assert reference["losses"][-1] < reference["losses"][0] * 0.8  # it learns
-    for name in ("raw-ddp", "data-parallel"):
+    for name in set(BACKENDS) - {ACCELERATE}:
         run = one_process_runs[name]
         assert run["losses"] == pytest.approx(reference["losses"], abs=1e-6), name
         assert max_weight_difference(run["weights"], reference["weights"]) <= 1e-5, name
@@ -91,13 +92,13 @@ def reference_two_micro_batches(tiny_bert_no_dropout, tiny_data, tmp_path_factor
     end 2 ranks repeat a batch (as DistributedSampler does) where 1 rank takes a short update.
     """
     out = tmp_path_factory.mktemp("one_rank")
-    return train(tiny_args(tiny_bert_no_dropout, tiny_data, out, "--raw-ddp", "--gradient-accumulation-steps", "2",
+    return train(tiny_args(tiny_bert_no_dropout, tiny_data, out, f"--{RAW_DDP}", "--gradient-accumulation-steps", "2",
                            "--max-steps", "7"))
 
 
 def test_raw_ddp_two_processes_equal_one_process_at_the_same_global_batch(
         tiny_bert_no_dropout, tiny_data, tmp_path, reference_two_micro_batches):
-    two = train(tiny_args(tiny_bert_no_dropout, tiny_data, tmp_path / "two", "--raw-ddp", "--nproc", "2",
+    two = train(tiny_args(tiny_bert_no_dropout, tiny_data, tmp_path / "two", f"--{RAW_DDP}", "--nproc", "2",
                           "--max-steps", "7", "--save-steps", "4", "--save-total-limit", "0"))
     # 7 updates, warmup ceil(0.1 * 7) = 1: one scheduler step per update, not one per process
     assert learning_rate_at(tmp_path / "two" / "checkpoints" / "step_4") == pytest.approx(
@@ -125,8 +126,7 @@ def test_accelerate_launch_cpu_ddp_equals_one_process_and_counts_each_sentence_o
     assert evaluation["scores"]["support"] == gold_entities
 
 
-@pytest.mark.parametrize("first, second", [("raw-ddp", "accelerate"), ("accelerate", "data-parallel"),
-                                           ("data-parallel", "raw-ddp")])
+@pytest.mark.parametrize("first, second", list(zip(BACKENDS, BACKENDS[1:] + BACKENDS[:1])))  # each resumes another's
 def test_checkpoint_from_one_backend_resumes_under_another(tiny_bert, tiny_data, tmp_path, one_process_runs,
                                                          first, second):
     """Resume mid-epoch (step 21 of 2 epochs) from `first`'s checkpoint under `second`."""
@@ -135,7 +135,7 @@ def test_checkpoint_from_one_backend_resumes_under_another(tiny_bert, tiny_data,
     shutil.copytree(source, resumed_dir / "checkpoints" / "step_21")
     run = train(tiny_args(tiny_bert, tiny_data, resumed_dir, "--save-steps", "7", "--resume", "auto",
                           *BACKEND_FLAGS[second]))
-    reference = one_process_runs["accelerate"]
+    reference = one_process_runs[ACCELERATE]
     assert run["losses"] == pytest.approx(reference["losses"], abs=1e-6)
     assert max_weight_difference(run["weights"], reference["weights"]) <= 1e-5
 
@@ -173,7 +173,7 @@ class Probe:
     def end(self):
         pass
 hf.AccelerateBackend = Probe
-ner.backends.launch(types.SimpleNamespace(backend='accelerate'), lambda backend: print(backend.ready))
+ner.backends.launch(types.SimpleNamespace(backend=ner.backends.ACCELERATE), lambda backend: print(backend.ready))
 """
 
 

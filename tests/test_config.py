@@ -10,6 +10,7 @@ import pytest
 from conftest import read_state, run_cli, tiny_args
 
 from ner import train as train_cli
+from ner.backends import ACCELERATE, BACKENDS, DATA_PARALLEL, RAW_DDP
 from ner.errors import UserError
 from ner.training.checkpoint import list_checkpoints
 from ner.training.config import MAY_CHANGE, MUST_MATCH, AddedLater, TrainConfig, load_yaml, parse_config, resume_rule
@@ -24,8 +25,10 @@ def test_flags_override_yaml_which_overrides_defaults(tmp_path):
 
 
 def test_backend_shortcuts():
-    assert parse_config(["--raw-ddp"])[0].backend == "raw-ddp"
-    assert parse_config(["--data-parallel"])[0].backend == "data-parallel"
+    assert parse_config([])[0].backend == ACCELERATE
+    assert parse_config(["--raw-ddp"])[0].backend == RAW_DDP  # the documented spellings of the shortcuts
+    assert parse_config(["--data-parallel"])[0].backend == DATA_PARALLEL
+    assert {parse_config(["--backend", name])[0].backend for name in BACKENDS} == set(BACKENDS)
     assert parse_config(["--raw-ddp", "--local_rank", "3"])[1].local_rank == 3
     assert parse_config(["--raw-ddp", "--local-rank=1"])[1].local_rank == 1
 

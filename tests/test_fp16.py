@@ -9,6 +9,7 @@ its gradients exceed fp16's range in the autocast regions, as a real overflow do
 
 from __future__ import annotations
 
+import importlib
 import json
 import shutil
 
@@ -18,6 +19,7 @@ from conftest import read_state, tiny_args
 from safetensors.torch import load_file
 
 from ner import train as train_cli
+from ner.backends import ACCELERATE, BACKENDS, BF16, DATA_PARALLEL, FP16, RAW_DDP
 from ner.training.checkpoint import list_checkpoints
 
 
@@ -30,25 +32,15 @@ def cpu_autocasts_fp16() -> bool:
 
 
 def backend_class(name: str):
-    if name == "raw-ddp":
-        from ner.backends.raw_ddp import RawDDPBackend
-
-        return RawDDPBackend
-    if name == "data-parallel":
-        from ner.backends.data_parallel import DataParallelBackend
-
-        return DataParallelBackend
-    from ner.backends.hf_accelerate import AccelerateBackend
-
-    return AccelerateBackend
+    module, cls = {RAW_DDP: ("raw_ddp", "RawDDPBackend"), DATA_PARALLEL: ("data_parallel", "DataParallelBackend"),
+                   ACCELERATE: ("hf_accelerate", "AccelerateBackend")}[name]
+    return getattr(importlib.import_module(f"ner.backends.{module}"), cls)
 
 
-BACKENDS = [
-    pytest.param("raw-ddp", marks=pytest.mark.skipif(not cpu_autocasts_fp16(), reason="no fp16 autocast on CPU")),
-    pytest.param("data-parallel", marks=pytest.mark.skipif(not cpu_autocasts_fp16(), reason="no fp16 autocast on CPU")),
-    pytest.param("accelerate", marks=pytest.mark.gpu),  # Accelerate's own scaler exists on accelerators only
-]
-FLAGS = {"raw-ddp": ["--raw-ddp"], "data-parallel": ["--data-parallel"], "accelerate": []}
+# Every backend; Accelerate's own scaler exists on accelerators only, the raw backends' on any device that autocasts
+BACKEND_PARAMS = [pytest.param(name, marks=pytest.mark.gpu if name == ACCELERATE else
+                               pytest.mark.skipif(not cpu_autocasts_fp16(), reason="no fp16 autocast on CPU"))
+                  for name in BACKENDS]
 
 
 def force_overflow(monkeypatch, backend: str, on_calls: set[int]) -> None:
@@ -65,15 +57,15 @@ def force_overflow(monkeypatch, backend: str, on_calls: set[int]) -> None:
 
 
 def fp16_args(tiny_bert, tiny_data, out, backend: str, *extra: str) -> list[str]:
-    return tiny_args(tiny_bert, tiny_data, out, "--mixed-precision", "fp16", "--no-eval", "--save-total-limit", "0",
-                     *FLAGS[backend], *extra)
+    return tiny_args(tiny_bert, tiny_data, out, "--mixed-precision", FP16, "--no-eval", "--save-total-limit", "0",
+                     "--backend", backend, *extra)
 
 
 def checkpoint(out, step: int):
     return out / "checkpoints" / f"step_{step}"
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", BACKEND_PARAMS)
 def test_an_overflowing_update_is_skipped_and_the_scale_halves(tiny_bert, tiny_data, tmp_path, monkeypatch,
                                                                backend):
     out = tmp_path / "run"
@@ -96,7 +88,7 @@ def test_an_overflowing_update_is_skipped_and_the_scale_halves(tiny_bert, tiny_d
     assert [r["loss_scale"] for r in logged] == scales and logged[-1]["skipped_steps"] == 1
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", BACKEND_PARAMS)
 def test_resume_restores_the_loss_scale_bit_exactly(tiny_bert, tiny_data, tmp_path, monkeypatch, backend):
     """Resume after the overflow (scale 32768, growth tracker counting) ends exactly like the run that went on."""
     force_overflow(monkeypatch, backend, on_calls={3})
@@ -154,7 +146,7 @@ def test_two_runs_in_one_process_may_ask_for_different_precisions(tiny_bert, tin
 
     assert train_cli.main(tiny_args(tiny_bert, tiny_data, tmp_path / "a", "--max-steps", "1", "--no-eval")) == 0
     assert train_cli.main(tiny_args(tiny_bert, tiny_data, tmp_path / "b", "--max-steps", "1", "--no-eval",
-                                    "--mixed-precision", "bf16")) == 0
+                                    "--mixed-precision", BF16)) == 0
 
 
 @pytest.mark.skipif(not cpu_autocasts_fp16(), reason="no fp16 autocast on CPU")
@@ -167,7 +159,7 @@ def test_the_scaler_step_reads_the_device_once(monkeypatch, overflow):
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 2)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
-    scaler = LossScaler(torch.device("cpu"), "fp16")
+    scaler = LossScaler(torch.device("cpu"), FP16)
     scaler.optimizer = optimizer
     with torch.autocast("cpu", dtype=torch.float16):
         loss = model(torch.ones(3, 4)).float().pow(2).mean()

@@ -17,6 +17,7 @@ import torch
 from conftest import python_module, read_state, run_cli, tiny_args
 from safetensors.torch import load_file
 
+from ner.backends import ACCELERATE, RAW_DDP
 from ner.errors import UserError
 from ner.training import checkpoint as ckpt
 from ner.training import run as run_module
@@ -46,9 +47,9 @@ def assert_same_run(a: dict, b: dict) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend_flags", [[], ["--raw-ddp"]], ids=["accelerate", "raw-ddp"])
-def test_sigkill_mid_epoch_then_resume_is_bit_exact(tiny_bert, tiny_data, tmp_path, backend_flags):
-    args = ["--save-steps", "5", "--save-total-limit", "0", "--num-epochs", "3", *backend_flags]
+@pytest.mark.parametrize("backend", [ACCELERATE, RAW_DDP])
+def test_sigkill_mid_epoch_then_resume_is_bit_exact(tiny_bert, tiny_data, tmp_path, backend):
+    args = ["--save-steps", "5", "--save-total-limit", "0", "--num-epochs", "3", "--backend", backend]
     reference = run_cli(python_module("ner.train", *tiny_args(tiny_bert, tiny_data, tmp_path / "ref", *args)))
     assert reference.returncode == 0, reference.stderr[-2000:]
 
@@ -70,7 +71,7 @@ def torchrun(*args: str) -> list[str]:
 
 @pytest.mark.slow
 def test_torchrun_restarts_a_killed_rank_from_the_last_checkpoint(tiny_bert_no_dropout, tiny_data, tmp_path):
-    args = ["--raw-ddp", "--save-steps", "5", "--save-total-limit", "0", "--num-epochs", "3", "--no-eval",
+    args = [f"--{RAW_DDP}", "--save-steps", "5", "--save-total-limit", "0", "--num-epochs", "3", "--no-eval",
             "--dist-timeout", "60"]
     reference = run_cli(python_module("ner.train", *tiny_args(tiny_bert_no_dropout, tiny_data, tmp_path / "ref",
                                                               *args, "--nproc", "2")))
@@ -87,7 +88,7 @@ def test_torchrun_restarts_a_killed_rank_from_the_last_checkpoint(tiny_bert_no_d
 @pytest.mark.slow
 def test_a_hung_rank_is_bounded_by_dist_timeout(tiny_bert_no_dropout, tiny_data, tmp_path):
     job = torchrun("--max-restarts=0", "-m", "ner.train",
-                   *tiny_args(tiny_bert_no_dropout, tiny_data, tmp_path / "job", "--raw-ddp", "--no-eval",
+                   *tiny_args(tiny_bert_no_dropout, tiny_data, tmp_path / "job", f"--{RAW_DDP}", "--no-eval",
                               "--dist-timeout", "5"))
     start = time.monotonic()
     result = run_cli(job, env={"NER_FAULT_INJECT": "hang:3:1"}, timeout=240)

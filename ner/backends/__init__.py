@@ -32,7 +32,7 @@ class Backend(Protocol):
     device: torch.device
     num_processes: int
     process_index: int
-    mixed_precision: str  # "no" | "bf16" | "fp16", resolved
+    mixed_precision: str  # one of MIXED_PRECISIONS, resolved
 
     @property
     def is_main_process(self) -> bool: ...
@@ -87,16 +87,16 @@ def resolve_precision(requested: str, device: torch.device) -> str:
     import torch
 
     if device.type == "cuda":
-        return "bf16" if torch.cuda.is_bf16_supported() else "no"
-    return "bf16" if device.type == "cpu" and cpu_supports_bf16() else "no"
+        return BF16 if torch.cuda.is_bf16_supported() else NO_MIXED_PRECISION
+    return BF16 if device.type == "cpu" and cpu_supports_bf16() else NO_MIXED_PRECISION
 
 
 def autocast_for(device: torch.device, precision: str) -> ContextManager:
-    if precision == "no":
+    if precision == NO_MIXED_PRECISION:
         return contextlib.nullcontext()
     import torch
 
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    dtype = torch.bfloat16 if precision == BF16 else torch.float16
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
@@ -112,7 +112,7 @@ class LossScaler:
     def __init__(self, device: torch.device, precision: str) -> None:
         import torch
 
-        self.scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
+        self.scaler = torch.amp.GradScaler(device.type) if precision == FP16 else None
         self.optimizer: torch.optim.Optimizer | None = None  # set by the backend's prepare()
 
     def backward(self, loss: torch.Tensor) -> None:

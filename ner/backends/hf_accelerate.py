@@ -17,7 +17,7 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import InitProcessGroupKwargs, gather_object
 
-from ner.backends import resolve_precision, scale_held, scale_on_device
+from ner.backends import BF16, FP16, resolve_precision, scale_held, scale_on_device
 from ner.backends.trackers import TRACKERS, TRACKERS_DIR, report_trackers
 from ner.errors import UserError
 
@@ -84,7 +84,7 @@ class AccelerateBackend:
         precision = cfg.mixed_precision
         if precision == "auto":  # a launch config asking for bf16/fp16 wins, else what the device supports
             from_config = os.environ.get("ACCELERATE_MIXED_PRECISION", "no")
-            precision = from_config if from_config in ("bf16", "fp16") else "auto"
+            precision = from_config if from_config in (BF16, FP16) else "auto"
         if precision == "auto":
             device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
             precision = resolve_precision("auto", device)

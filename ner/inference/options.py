@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from ner.backends import BF16, NO_MIXED_PRECISION
 from ner.errors import UserError
 from ner.inference.decode import DECODERS
 
@@ -13,6 +14,8 @@ MAX_SEQ_LENGTH = 128  # subword tokens per window incl. [CLS]/[SEP]
 WINDOW_STRIDE_WORDS = 0  # words shared by consecutive windows of one long sentence (0: a quarter of the window)
 PAD_TO_MULTIPLE_OF = 4  # batch widths; measured on CPU (docs/performance.md)
 CONTEXTS = ("auto", "document", "none")
+# --mixed-precision at inference; fp16 is offered to training only (GPUs without bf16, with its loss scaler)
+INFERENCE_PRECISIONS = ("auto", NO_MIXED_PRECISION, BF16)
 AUTO_SENTENCES_PER_BATCH = 32  # training's micro-batch where --batch-size is auto; inference takes twice it
 
 
@@ -73,7 +76,7 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--decode", choices=DECODERS, default=None,
                         help="viterbi: only tag sequences the scheme allows; argmax: best tag per word "
                              "(default: what the model was trained with, viterbi for new models)")
-    parser.add_argument("--mixed-precision", choices=("auto", "no", "bf16"), default="auto",
+    parser.add_argument("--mixed-precision", choices=INFERENCE_PRECISIONS, default="auto",
                         help="autocast dtype (default: auto, bf16 where supported)")
     parser.add_argument("--min-score", action="append", default=None, metavar="SCORE|TYPE=SCORE",
                         help="drop entities scored below SCORE, overall or for one type (PER=0.8); repeatable "

@@ -206,7 +206,8 @@ def resolve_resume(resume: str | None, output_dir: Path) -> Path | None:
     if resume == "auto":
         found = find_resume_checkpoint(output_dir)
         if found is None:
-            log.info("--resume auto: no complete checkpoint in %s; starting fresh", checkpoint_root(output_dir))
+            log.info("--resume auto: no complete checkpoint in %s (a fresh run, where no run wrote before)",
+                     checkpoint_root(output_dir))
         return found
     folder = Path(resume)
     if not folder.is_dir():

@@ -7,10 +7,11 @@ import json
 import pytest
 from conftest import tiny_args
 
+from ner.backends import BACKENDS, DATA_PARALLEL
 from ner.errors import UserError
 from ner.train import main as train_main
 from ner.training import model as model_module
-from ner.training.config import BACKENDS, DATA_PARALLEL, TrainConfig, parse_config
+from ner.training.config import TrainConfig, parse_config
 
 
 def losses_and_widths(out) -> tuple[list[float], set[int]]:

@@ -18,6 +18,7 @@ from pathlib import Path
 from ner.errors import UserError
 from ner.files import atomic_write_text, read_record, write_record
 from ner.inference.model_folder import model_version
+from ner.inference.options import RUNTIME_TRAIN_FLAGS
 
 log = logging.getLogger("ner.serving.retrain")
 
@@ -231,8 +232,11 @@ class Retrainer:
                 await self.kill_training()
 
     def command(self, export: Path, run_dir: Path) -> list[str]:
+        """ner.train from the served model, with the flags that write the served runtime's files (so the swap can
+        load what it trains), then NER_RETRAIN_ARGS."""
         return [sys.executable, "-m", "ner.train", "--model", str(self.served.model_dir), "--train-file",
-                str(export), "--output-dir", str(run_dir), "--quiet", *self.options.extra_args]
+                str(export), "--output-dir", str(run_dir), "--quiet",
+                *(RUNTIME_TRAIN_FLAGS[self.served.runtime] if self.served.runtime else ()), *self.options.extra_args]
 
     async def kill_training(self) -> None:
         process, self.process = self.process, None

@@ -145,9 +145,8 @@ def test_a_label_studio_retraining_swaps_in_a_model_the_runtime_runs(runtime, ex
                                                                      trained_by_command):
     """START_TRAINING under --runtime R: ner.train writes R's files into the new final/ (RUNTIME_TRAIN_FLAGS), and the
     swap loads it with R, so the server answers with the new model_version."""
-    from tests.test_label_studio import NER_CONFIG, label_studio_export, tasks_of, wait_for_training
-
     from ner.inference.tagger import Tagger
+    from tests.test_label_studio import NER_CONFIG, label_studio_export, tasks_of, wait_for_training
 
     monkeypatch.setenv("NER_RETRAIN_DIR", str(tmp_path / "runs"))
     monkeypatch.setenv("NER_RETRAIN_ARGS", RETRAIN_ARGS)

@@ -3,7 +3,7 @@ CoNLL, a corpus with a resume), ner.serve (POST /predict, a Label Studio retrain
 a model folder without the runtime's files, each refuses at start with one line naming the command that writes
 them. Every row is parametrized over RUNTIMES, so a runtime added there gets every row.
 
-    python -m pytest -q tests/test_runtime_matrix.py              # ~2 min on 2 busy cores (the export, two trainings)
+    python -m pytest -q tests/test_runtime_matrix.py              # ~75 s of CPU: the export, two trainings, the rest
     python -m pytest -q tests/test_runtime_matrix.py -m 'not slow'  # the refusals only
 """
 

@@ -17,6 +17,7 @@ output), so that nothing else there is ever removed or replaced:
     read_record(folder, tool)              # its entries, or None: no record of `tool` there
     read_whole_record(folder, tool)        # the record as written, the writer's own keys included
     unrecorded(folder, entries)            # what the record does not vouch for, each with whether it was edited
+    tree_paths(folder)                     # every path under a folder, as a record names them
 """
 
 from __future__ import annotations
@@ -235,6 +236,15 @@ def unrecorded(folder: Path, entries: dict[str, dict] | None, names: set[str] | 
             if entry_name in dirs:
                 dirs.remove(entry_name)
     return sorted(found)
+
+
+def tree_paths(folder: Path) -> set[str]:
+    """Every path under `folder` (files, folders, links; links not followed), relative and `/`-separated."""
+    found: set[str] = set()
+    for root, dirs, files in os.walk(folder):
+        base = PurePosixPath(Path(root).relative_to(folder).as_posix())
+        found |= {(base / name).as_posix() for name in dirs + files}
+    return found
 
 
 def same_bytes(path: Path, entry: dict) -> bool:

@@ -587,6 +587,43 @@ def test_a_flood_of_webhooks_on_two_workers_trains_one_at_a_time_keeps_few_runs_
     assert len(runs) == 2 and Path(served["model_dir"]).parent.name in runs
 
 
+def test_a_prune_removes_only_what_the_old_run_folders_record_lists(tagger, random_model, retraining_env):
+    """NER_RETRAIN_KEEP=2, three trainings: the oldest run goes but for a file of the user's in it and one of the
+    run's that the user edited (with the folder holding them); the folder no longer counts as a run."""
+    import shutil
+
+    from ner.files import RECORD
+
+    async def fake_training(export, run_dir):  # stands in for ner.train: a new export and a log
+        shutil.copytree(random_model, run_dir / "final")
+        (run_dir / "final" / "model.safetensors").write_bytes(os.urandom(64))  # a new model_version
+        (run_dir / "train.log").write_text("trained\n")
+        return 0
+
+    app = worker_app(tagger, random_model, [])
+    app.state.label_studio.retrainer.train = fake_training
+    app.state.label_studio.load_tagger = lambda model_dir: tagger  # the weights written above are not real
+    with TestClient(app) as client:
+        def train(project: int) -> Path:
+            assert client.post("/label-studio/train", json={"project": project}).json()["training"] is True
+            status = wait_for_training(client)
+            assert status["status"] == "done", status
+            return Path(status["output_dir"])
+
+        first = train(1)
+        (first / "notes.txt").write_text("mine")
+        (first / "final" / "my_scores.json").write_text("{}")
+        with open(first / "train.log", "a") as log_file:
+            log_file.write("my remark\n")
+        second = train(2)
+        assert (first / "final" / "config.json").is_file()  # two runs kept
+        train(3)
+    left = sorted(p.relative_to(first).as_posix() for p in first.rglob("*"))
+    assert left == ["final", "final/my_scores.json", "notes.txt", "train.log"]
+    assert (first / "notes.txt").read_text() == "mine" and "my remark" in (first / "train.log").read_text()
+    assert sorted(p for p in retraining_env.glob("project*-*") if (p / RECORD).is_file())[0] == second
+
+
 def test_a_swapped_model_is_loaded_with_the_servers_own_options(random_model):
     """The retrained export is loaded as the served one was: runtime, precision, context, decode, window."""
     from ner.inference.tagger import Tagger

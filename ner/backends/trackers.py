@@ -8,11 +8,10 @@ whose run claimed the folder, and never listing what was there, unlisted, when t
 
 from __future__ import annotations
 
-import os
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from ner.errors import UserError
-from ner.files import RECORD, read_record, unrecorded, write_record
+from ner.files import RECORD, read_record, tree_paths, unrecorded, write_record
 
 # Accelerate's trackers (accelerate.tracking.LOGGER_TYPE_TO_CLASS; a test keeps the two equal).
 TRACKERS = ("tensorboard", "wandb", "mlflow", "comet_ml", "aim", "clearml", "dvclive", "swanlab", "trackio")
@@ -30,15 +29,6 @@ def report_trackers(report_to: str) -> list[str]:
         raise UserError(f"--report-to {report_to}: expected none, all, or trackers separated by commas "
                         f"from: {', '.join(TRACKERS)}")
     return list(dict.fromkeys(names))
-
-
-def tree_paths(folder: Path) -> set[str]:
-    """Every path under `folder` (files, folders, links; links not followed), relative and `/`-separated."""
-    found: set[str] = set()
-    for root, dirs, files in os.walk(folder):
-        base = PurePosixPath(Path(root).relative_to(folder).as_posix())
-        found |= {(base / name).as_posix() for name in dirs + files}
-    return found
 
 
 # Output folders whose run this process holds -> the paths in their trackers/ that were not the run's when it began

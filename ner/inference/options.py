@@ -53,6 +53,14 @@ RUNTIME_FILES = {"torch": (), "onnx": ("model.onnx",), "onnx-int8": ("model.int8
 RUNTIMES = tuple(RUNTIME_FILES)
 
 
+# The ner.train flags that write each runtime's files into OUTPUT_DIR/final (checked against PyTorch, and calibrated
+# on the training data where the runtime needs it): Label Studio's retraining passes the served runtime's, so the
+# model it swaps in can be run the way the server runs. Every runtime says; () where the weights alone do.
+RUNTIME_FILES_FLAG = "--export-int8"  # ner.train's one flag that writes every runtime's files
+RUNTIME_TRAIN_FLAGS = {"torch": (), "onnx": (RUNTIME_FILES_FLAG,), "onnx-int8": (RUNTIME_FILES_FLAG,),
+                       "openvino": (RUNTIME_FILES_FLAG,), "openvino-int8": (RUNTIME_FILES_FLAG,)}
+
+
 MIN_SEQ_LENGTH = 8  # [CLS], [SEP] and a few words
 
 

@@ -134,7 +134,8 @@ def mount_label_studio(app, batcher: MicroBatcher, tagger, model_dir: Path, info
 
     served = label_studio.LabelStudioModel(batcher.submit, model_dir, info["types"],
                                            on_swap=partial(serve_model, batcher, info), limits=limits,
-                                           load_tagger=getattr(tagger, "like", None))
+                                           load_tagger=getattr(tagger, "like", None),
+                                           runtime=getattr(tagger, "runtime_name", None))
     guard = [Depends(label_studio_key_check(api_key))] if api_key is not None else []
     app.include_router(label_studio.router(served, guard, openapi=label_studio_openapi(api_key is not None)),
                        prefix=label_studio.PREFIX)

@@ -163,8 +163,9 @@ class LabelStudioModel:
     submit, so Label Studio's requests share batches and limits with the others)."""
 
     def __init__(self, tag, model_dir: Path, model_types: list[str], on_swap=None, limits: Limits = Limits(),
-                 load_tagger=None, retrain: "RetrainOptions | None" = None) -> None:
+                 load_tagger=None, retrain: "RetrainOptions | None" = None, runtime: str | None = None) -> None:
         self.tag = tag
+        self.runtime = runtime  # the served tagger's (--runtime): a retraining writes its files; None: not a Tagger
         self.limits = limits  # the server's: as many and as long texts as POST /predict takes, no more
         self.model_dir = Path(model_dir)
         self.model_types = model_types

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ner.errors import UserError
-from ner.files import atomic_write_text, read_record, write_record
+from ner.files import RECORD, atomic_write_text, file_entry, read_record, tree_paths, unrecorded, write_record
 from ner.inference.model_folder import model_version
+from ner.inference.options import RUNTIME_TRAIN_FLAGS
 
 log = logging.getLogger("ner.serving.retrain")
 
@@ -164,6 +165,7 @@ class Retrainer:
 
     async def run(self, project: int) -> None:
         self.last = {"status": "training", "project": project}
+        run_dir = None
         try:
             run_dir = self.new_run_dir(project)
             self.last["output_dir"] = str(run_dir)
@@ -174,13 +176,16 @@ class Retrainer:
                 raise RuntimeError(f"ner.train exited with {returncode}; see {run_dir / 'train.log'}")
             await self.load_and_swap(run_dir / "final")
             self.publish(run_dir / "final")
-            self.last = {**self.last, "status": "done", "model_version": self.served.version}
+            outcome = {"status": "done", "model_version": self.served.version}
         except Exception as exc:  # the served model stays; the reason is logged (public_status says only "failed")
             log.exception("training for project %s failed", project)
-            self.last = {**self.last, "status": "failed", "error": str(exc)}
+            outcome = {"status": "failed", "error": str(exc)}
         finally:
-            self.lock.release()
-            self.prune()
+            try:  # in a thread: hashing and removing runs takes a while; under the lock: one prune at a time
+                await asyncio.to_thread(self.record_and_prune, run_dir)
+            finally:
+                self.lock.release()
+        self.last = {**self.last, **outcome}
 
     def public_status(self) -> dict:
         """The last training as the open /label-studio/health shows it: its state, never its error text or run
@@ -231,8 +236,11 @@ class Retrainer:
                 await self.kill_training()
 
     def command(self, export: Path, run_dir: Path) -> list[str]:
+        """ner.train from the served model, with the flags that write the served runtime's files (so the swap can
+        load what it trains), then NER_RETRAIN_ARGS."""
         return [sys.executable, "-m", "ner.train", "--model", str(self.served.model_dir), "--train-file",
-                str(export), "--output-dir", str(run_dir), "--quiet", *self.options.extra_args]
+                str(export), "--output-dir", str(run_dir), "--quiet",
+                *(RUNTIME_TRAIN_FLAGS[self.served.runtime] if self.served.runtime else ()), *self.options.extra_args]
 
     async def kill_training(self) -> None:
         process, self.process = self.process, None
@@ -285,14 +293,53 @@ class Retrainer:
         if served.get("session") == self.session and served.get("model_version") != self.served.version:
             await self.load_and_swap(Path(served["model_dir"]))
 
-    def prune(self) -> None:
-        """Keep the newest NER_RETRAIN_KEEP run folders this retrainer made, and the served one."""
-        import shutil
+    def record_and_prune(self, run_dir: Path | None) -> None:
+        if run_dir is not None:
+            record_run(run_dir)
+        self.prune()
 
+    def prune(self) -> None:
+        """Keep the newest NER_RETRAIN_KEEP run folders this retrainer made (by when their record was written: when
+        their training ended), and the served one."""
         runs = sorted((p for p in self.options.runs_dir.glob("project*-*") if read_record(p, RETRAIN_TOOL) is not None),
-                      key=lambda p: p.stat().st_mtime, reverse=True)
+                      key=lambda p: (p / RECORD).stat().st_mtime, reverse=True)
         served = self.served.model_dir.resolve()
         for old in runs[self.options.keep_runs:]:
             if old.resolve() not in (served, served.parent):
-                shutil.rmtree(old, ignore_errors=True)
+                remove_run(old)
                 log.info("removed the old training run %s (NER_RETRAIN_KEEP=%d)", old, self.options.keep_runs)
+
+
+def record_run(run_dir: Path) -> None:
+    """List in the run folder's record everything it holds once its training has ended: the retrainer made the
+    folder, empty, and wrote there (export.json, train.log) or had ner.train write there; files pinned by their
+    bytes, so one edited since is no longer the retrainer's to remove."""
+    entries = {}
+    for name in sorted(tree_paths(run_dir) - {RECORD}):
+        path = run_dir / name
+        entries[name] = file_entry(path) if path.is_file() and not path.is_symlink() else {}
+    write_record(run_dir, RETRAIN_TOOL, entries)
+
+
+def remove_run(run_dir: Path) -> None:
+    """Remove what the run folder's record lists, as it was recorded; anything else there (a file of yours, one you
+    edited) stays, with the folders that hold it, and the folder is no longer counted as a run."""
+    import shutil
+
+    entries = read_record(run_dir, RETRAIN_TOOL) or {}
+    kept = [path for path, _ in unrecorded(run_dir, entries)]
+    if not kept:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        return
+    holding = {parent for path in kept for parent in path.parents}
+    for name in sorted(entries, key=lambda name: name.count("/"), reverse=True):  # a folder after what it holds
+        path = run_dir / name
+        if path in holding or path in kept:
+            continue
+        try:
+            path.rmdir() if path.is_dir() and not path.is_symlink() else path.unlink(missing_ok=True)
+        except OSError:  # a folder that something unlisted entered meanwhile: it stays
+            continue
+    (run_dir / RECORD).unlink(missing_ok=True)
+    log.warning("%s: kept %s (not the retraining's, or changed since); removed the rest of the run", run_dir,
+                ", ".join(str(path.relative_to(run_dir)) for path in kept[:3]) + (" ..." if len(kept) > 3 else ""))

@@ -1,0 +1,225 @@
+"""Every runtime through every use. On one tiny model exported once with every runtime's files: ner.predict (raw text,
+CoNLL, a corpus with a resume), ner.serve (POST /predict, a Label Studio retrain swap) and ner.evaluate each work; on
+a model folder without the runtime's files, each refuses at start with one line naming the command that writes
+them. Every row is parametrized over RUNTIMES, so a runtime added there gets every row.
+
+    python -m pytest -q tests/test_runtime_matrix.py              # ~75 s of CPU: the export, two trainings, the rest
+    python -m pytest -q tests/test_runtime_matrix.py -m 'not slow'  # the refusals only
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("onnxruntime")
+pytest.importorskip("openvino")
+pytest.importorskip("nncf")
+fastapi = pytest.importorskip("fastapi")
+httpx = pytest.importorskip("httpx")
+
+from conftest import fitted_export, make_sentences  # noqa: E402
+from fastapi.testclient import TestClient  # noqa: E402
+
+from ner.evaluate import main as evaluate_main  # noqa: E402
+from ner.inference.model_folder import model_version  # noqa: E402
+from ner.inference.options import RUNTIME_FILES, RUNTIME_TRAIN_FLAGS, RUNTIMES  # noqa: E402
+from ner.inference.runtime import export_command  # noqa: E402
+from ner.predict import main as predict_main  # noqa: E402
+from ner.serve import main as serve_main  # noqa: E402
+from ner.serving.app import create_app  # noqa: E402
+from ner.serving.requests import Limits  # noqa: E402
+from ner.testing import free_local_port  # noqa: E402
+
+TEXTS = ["Ada Lovelace visited London on Monday .", "", "Shares of Acme Corp rose in Paris after Alan Turing spoke .",
+         "Grace Hopper said the weather was fine .", "Initech hired Niels Bohr in Cairo ."]
+FAST = ("--mixed-precision", "no", "--quiet")
+# Small and quick: the retraining's flags that are not the runtime's (tests/test_label_studio.py's)
+RETRAIN_ARGS = "--max-seq-length 32 --batch-size 8 --max-tokens 0 --num-epochs 1 --learning-rate 1e-3 " \
+               "--mixed-precision no --seed 7"
+NEEDS_FILES = [runtime for runtime in RUNTIMES if RUNTIME_FILES[runtime]]  # a runtime that reads weights alone cannot
+# miss its files
+
+
+@pytest.fixture(scope="module")
+def exported(random_model, tiny_data, tmp_path_factory) -> Path:
+    """The tiny model, briefly fitted, exported with every runtime's files (static int8 calibrated on its data)."""
+    return fitted_export(random_model, tiny_data, tmp_path_factory, "matrix", "--onnx", "--quantize", "int8",
+                         "--calibrate", str(tiny_data["train"]))
+
+
+@pytest.fixture(scope="module")
+def bare(random_model, tmp_path_factory) -> Path:
+    """An exported model folder with the weights, config and tokenizer only: no runtime's own files."""
+    folder = shutil.copytree(random_model, tmp_path_factory.mktemp("bare") / "final")
+    (folder / "training_args.json").write_text(json.dumps({"max_seq_length": 32, "decode": "viterbi"}))
+    assert not {name for names in RUNTIME_FILES.values() for name in names} & {p.name for p in folder.iterdir()}
+    return folder
+
+
+@pytest.fixture(scope="module")
+def texts_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("texts") / "texts.txt"
+    path.write_text("\n".join(TEXTS) + "\n", encoding="utf-8")
+    return path
+
+
+def json_lines(text: str) -> list[dict]:
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def spans(results: list[dict]) -> list[list[tuple]]:
+    return [[(e["start"], e["end"], e["type"]) for e in r["entities"]] for r in results]
+
+
+# -- each use works -------------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_predict_tags_raw_text_and_a_corpus_that_resumes(runtime, exported, texts_file, tmp_path, capsys):
+    """Raw text to stdout, and the same file as a corpus in chunks of 2: a part removed is written again, byte for
+    byte, the others skipped; the manifest names the runtime; the entities are the raw-text command's."""
+    args = [str(exported), str(texts_file), "--runtime", runtime, *FAST]
+    capsys.readouterr()
+    assert predict_main(args) == 0
+    raw = json_lines(capsys.readouterr().out)
+    assert len(raw) == len(TEXTS) and any(r["entities"] for r in raw)
+    assert all(e["text"] == text[e["start"]:e["end"]] for text, r in zip(TEXTS, raw) for e in r["entities"])
+    out = tmp_path / "corpus"
+    corpus_args = [*args, "--output-dir", str(out), "--chunk-texts", "2", "--merge"]
+    assert predict_main(corpus_args) == 0
+    assert json.loads((out / "manifest.json").read_text())["computation"]["runtime"] == runtime
+    written = {p.name: p.read_bytes() for p in sorted(out.glob("*.jsonl"))}
+    assert len(written) == 4  # 3 parts and the merged file
+    kept = {name: (out / name).stat().st_mtime_ns for name in ("part-00000.jsonl", "part-00002.jsonl")}
+    (out / "part-00001.jsonl").unlink()
+    (out / "predictions.jsonl").unlink()
+    assert predict_main(corpus_args) == 0
+    assert {p.name: p.read_bytes() for p in sorted(out.glob("*.jsonl"))} == written
+    assert {name: (out / name).stat().st_mtime_ns for name in kept} == kept
+    assert spans(json_lines((out / "predictions.jsonl").read_text())) == spans(raw)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_predict_tags_conll_and_evaluate_scores_it(runtime, exported, tiny_data, tmp_path, capsys):
+    capsys.readouterr()
+    assert predict_main([str(exported), str(tiny_data["test"]), "--conll", "--runtime", runtime, *FAST]) == 0
+    output = capsys.readouterr()
+    sentences = json_lines(output.out)
+    assert len(sentences) == 11 and all(s["words"] for s in sentences) and "precision" in output.err
+    report = tmp_path / "report.json"
+    assert evaluate_main([str(exported), str(tiny_data["test"]), "--runtime", runtime, "--mixed-precision", "no",
+                          "--json", str(report)]) == 0
+    scores = json.loads(report.read_text())
+    assert scores["sentences"] == 11 and scores["f1"] > 0  # the fitted model finds entities
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_serve_answers_predict(runtime, exported):
+    from ner.inference.tagger import Tagger
+
+    tagger = Tagger(exported, precision="no", runtime=runtime)
+    with TestClient(create_app(tagger, exported, Limits())) as client:
+        answer = client.post("/predict", json={"texts": TEXTS})
+        health = client.get("/health").json()
+    assert answer.status_code == 200, answer.text
+    assert spans(answer.json()["results"]) == spans(tagger.predict(TEXTS)) and health["model"] == str(exported)
+
+
+@pytest.fixture(scope="module")
+def trained_by_command() -> dict[tuple[str, ...], Path]:
+    """Run folders of retrainings, by their ner.train command less its paths: the runtimes whose retraining runs the
+    same command share one training (it would write the same files), so the matrix trains once per distinct
+    command, not once per runtime."""
+    return {}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_a_label_studio_retraining_swaps_in_a_model_the_runtime_runs(runtime, exported, tmp_path, monkeypatch,
+                                                                     trained_by_command):
+    """START_TRAINING under --runtime R: ner.train writes R's files into the new final/ (RUNTIME_TRAIN_FLAGS), and the
+    swap loads it with R, so the server answers with the new model_version."""
+    from ner.inference.tagger import Tagger
+    from tests.test_label_studio import NER_CONFIG, label_studio_export, tasks_of, wait_for_training
+
+    monkeypatch.setenv("NER_RETRAIN_DIR", str(tmp_path / "runs"))
+    monkeypatch.setenv("NER_RETRAIN_ARGS", RETRAIN_ARGS)
+    monkeypatch.setenv("NER_RETRAIN_MIN_INTERVAL_S", "0")
+    monkeypatch.setenv("LABEL_STUDIO_URL", "http://label-studio.test")
+    monkeypatch.setenv("LABEL_STUDIO_API_KEY", "tok")
+    export = label_studio_export(make_sentences(24, seed=5))
+    served = Tagger(exported, precision="no", runtime=runtime)
+    app = create_app(served, exported, Limits(), label_studio=True)
+    retrainer = app.state.label_studio.retrainer
+    retrainer.transport = httpx.MockTransport(lambda request: httpx.Response(200, json=export))
+    train = retrainer.train
+
+    async def train_once_per_command(export_file: Path, run_dir: Path) -> int:
+        key = tuple(arg for arg in retrainer.command(export_file, run_dir) if arg not in (str(export_file),
+                                                                                          str(run_dir)))
+        if key in trained_by_command:
+            shutil.copytree(trained_by_command[key] / "final", run_dir / "final")
+            return 0
+        code = await train(export_file, run_dir)
+        if code == 0:
+            trained_by_command[key] = run_dir
+        return code
+
+    retrainer.train = train_once_per_command
+    with TestClient(app) as client:
+        before = client.get("/label-studio/health").json()["model_version"]
+        started = client.post("/label-studio/webhook", json={"action": "START_TRAINING", "project": {"id": 5}})
+        assert started.json()["training"] is True
+        status = wait_for_training(client)
+        assert status["status"] == "done", status
+        new_dir = Path(status["output_dir"]) / "final"
+        assert all((new_dir / name).is_file() for name in RUNTIME_FILES[runtime])
+        answer = client.post("/label-studio/predict", json={"tasks": tasks_of(TEXTS[:1]), "label_config": NER_CONFIG})
+        health = client.get("/health").json()
+    assert status["model_version"] == model_version(new_dir) != before
+    assert answer.json()["results"][0]["model_version"] == status["model_version"] and health["model"] == str(new_dir)
+    swapped = app.state.batcher.predict.__self__  # the tagger the server calls now
+    assert swapped is not served and swapped.runtime_name == runtime
+
+
+def test_every_runtime_names_the_training_flags_that_write_its_files():
+    """RUNTIME_TRAIN_FLAGS has every runtime, each with flags ner.train takes (a flag renamed there fails here)."""
+    from ner.training.config import build_parser
+
+    assert set(RUNTIME_TRAIN_FLAGS) == set(RUNTIMES)
+    for runtime in RUNTIMES:
+        build_parser().parse_args(["--train-file", "x.conll", *RUNTIME_TRAIN_FLAGS[runtime]])
+
+
+# -- each use refuses at start without the runtime's files --------------------------------------------------------
+
+def one_line_naming_the_export(capsys, runtime: str) -> str:
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert err.startswith("error: ") and "\n" not in err and "Traceback" not in err, err
+    assert export_command(runtime) in err and RUNTIME_FILES[runtime][0] in err and captured.out == ""
+    return err
+
+
+@pytest.mark.parametrize("runtime", NEEDS_FILES)
+def test_without_its_files_each_use_refuses_at_start_naming_the_export(runtime, bare, texts_file, tiny_data,
+                                                                        tmp_path, capsys):
+    flags = ("--runtime", runtime, *FAST)
+    capsys.readouterr()
+    assert predict_main([str(bare), str(texts_file), *flags]) == 2
+    one_line_naming_the_export(capsys, runtime)
+    assert predict_main([str(bare), str(tiny_data["test"]), "--conll", *flags]) == 2
+    one_line_naming_the_export(capsys, runtime)
+    assert predict_main([str(bare), str(texts_file), "--output-dir", str(tmp_path / "out"), *flags]) == 2
+    one_line_naming_the_export(capsys, runtime)
+    assert not (tmp_path / "out").exists()
+    assert evaluate_main([str(bare), str(tiny_data["test"]), "--runtime", runtime]) == 2
+    one_line_naming_the_export(capsys, runtime)
+    assert serve_main([str(bare), "--runtime", runtime, "--port", str(free_local_port()), "--label-studio"]) == 2
+    one_line_naming_the_export(capsys, runtime)

@@ -16,11 +16,13 @@ from ner.data.conll import read_conll  # noqa: E402
 from ner.data.examples import Example
 from ner.export import main as export_main  # noqa: E402
 from ner.inference import onnx_export  # noqa: E402
+from ner.inference.options import RUNTIMES  # noqa: E402
 from ner.inference.tagger import Tagger  # noqa: E402
 from tests.conftest import fitted_export, python_module, torch_threads  # noqa: E402
 from tests.test_batch_independence import SENTENCES, tagged_alone_and_mixed  # noqa: E402
 from tests.test_onnx import NO_TORCH, SERVE_ONCE, run_without_torch  # noqa: E402
 
+OPENVINO_RUNTIMES = [runtime for runtime in RUNTIMES if runtime.startswith("openvino")]
 RUNS = [("openvino", "no"), ("openvino", "bf16"), ("openvino-int8", "no"), ("openvino-int8", "bf16")]
 EXAMPLES = [Example([w for w, _ in s], ["O"] * len(s), "t") for s in SENTENCES]
 
@@ -79,6 +81,21 @@ def test_omp_num_threads_sets_the_streams_as_it_does_an_onnx_session(exported, m
     with torch_threads(2):
         tagger = Tagger(exported, runtime="openvino-int8")
     assert tagger.runtime.compiled.get_property("NUM_STREAMS") == 1
+
+
+@pytest.mark.parametrize("runtime", OPENVINO_RUNTIMES)
+def test_a_gpu_asked_for_is_said_to_be_unused_as_onnx_says_it(exported, runtime, caplog):
+    """OpenVINO runs on the CPU here: a GPU device asked for (Tagger's `device`, a corpus process's GPU) gets the
+    one warning ONNX gives when it cannot use the GPU (runtime.warn_runs_on_cpu), not silence; the CPU, or no
+    device, gets none."""
+    caplog.set_level("WARNING")
+    for quiet in (None, "cpu"):
+        assert Tagger(exported, runtime=runtime, device=quiet).device == "cpu"
+    assert "runs on the CPU" not in caplog.text
+    tagger = Tagger(exported, runtime=runtime, device="cuda:1")
+    assert tagger.device == "cpu"
+    warnings = [r.getMessage() for r in caplog.records if "runs on the CPU" in r.getMessage()]
+    assert len(warnings) == 1 and "OpenVINO runs on the CPU, not on cuda:1" in warnings[0], warnings
 
 
 def test_precision_is_bf16_only_where_asked_for_and_the_cpu_has_it():

@@ -666,11 +666,15 @@ HELD_MODEL_SERVER = """
 import sys, threading
 from pathlib import Path
 import ner.inference.tagger
+from ner.serving.batcher import MicroBatcher
 from ner.serving.lifecycle import WARM_UP_TEXT, Lifecycle
 from ner.serve import main
 
 calls, real, drained = Path(sys.argv[1]), ner.inference.tagger.Tagger.predict, threading.Event()
-begin_drain = Lifecycle._drain
+begin_drain, learn_pace, hour_s = Lifecycle._drain, MicroBatcher._learn_pace, 3600.0
+
+def an_hour_slower(self, seconds, texts, words):  # the pace the drain plans with: each batch as if it took an hour
+    learn_pace(self, seconds + hour_s, texts, words)
 
 def drain(self):  # SIGTERM's drain begins (its deadline set), then the held batch goes on
     begin_drain(self)
@@ -683,7 +687,7 @@ def held(self, texts, *args, **kwargs):  # every batch but the warm-up: logged i
         drained.wait()
     return real(self, texts, *args, **kwargs)
 
-Lifecycle._drain, ner.inference.tagger.Tagger.predict = drain, held
+Lifecycle._drain, ner.inference.tagger.Tagger.predict, MicroBatcher._learn_pace = drain, held, an_hour_slower
 sys.exit(main(sys.argv[2:]))
 """
 
@@ -787,34 +791,39 @@ def read_in_background(process: subprocess.Popen) -> tuple[threading.Thread, lis
 
 
 @pytest.mark.slow
-def test_sigterm_with_a_full_queue_answers_everyone_and_exits_within_the_shutdown_timeout(random_model, tmp_path):
-    """One text a batch, 6 texts of queue, 12 requests: 1 runs (held until the drain begins), 6 wait, 5 are shed.
-    SIGTERM with --shutdown-timeout 4 (a drain budget of 3 s): the batch in flight is answered; it ran longer
-    than the budget, so by its pace no other batch fits and the queue gets 503 at once; only that batch was
-    computed; uvicorn never had to cancel anything at its own deadline. Events, not the machine's speed: the
-    hold lasts at least the budget (a slower machine only lengthens it); what must fit in the 3 s is one
-    short sentence's forward pass."""
+def test_sigterm_answers_the_batch_in_flight_refuses_the_queue_by_its_pace_and_needs_no_forced_exit(random_model,
+                                                                                                    tmp_path):
+    """One text a batch, 6 texts of queue, 12 requests: 1 runs (held until the drain begins), then 11 at once: 6
+    wait, 5 are shed. SIGTERM with --shutdown-timeout 4 (a drain budget of 3 s): the batch in flight is answered;
+    by the pace the drain plans with (each batch taken as an hour: the server's pace is declared, not measured on
+    this machine) no other batch fits, so the queue gets 503 at once; only that batch was computed; the process
+    exits with SIGTERM's status and uvicorn never had to force its shutdown. Events, not the machine's speed: the
+    11 are sent once the first one's batch is held, and the hold ends when the drain begins; what must fit in the
+    3 s is one short sentence's forward pass."""
     shutdown_timeout_s, calls = 4.0, tmp_path / "calls"
-    budget_s = ServeOptions(shutdown_timeout_s=shutdown_timeout_s).drain_budget_s()
     process, url = start_server(random_model, "--max-wait-ms", "0", "--max-batch-texts", "1", "--max-texts", "1",
                                 "--max-queue", "6", "--shutdown-timeout", str(shutdown_timeout_s),
-                                launcher=("-c", HELD_MODEL_SERVER, str(calls)))
+                                "--request-timeout", "3600", launcher=("-c", HELD_MODEL_SERVER, str(calls)))
     reader, output = read_in_background(process)
     try:
         poll(url, "/ready", lambda status, _: status == 200)
-        responses: list = [None] * 12
+        running, responses = [None], [None] * 11
         clients = connected_clients(url, 12)
         payloads = [{"text": f"Request {i} from Ada Lovelace in London."} for i in range(12)]
-        sender = threading.Thread(target=post_all, args=(url, payloads, clients, responses))
-        sender.start()
+        senders = [threading.Thread(target=post_all, args=(url, payloads[:1], clients[:1], running))]
+        senders[0].start()
+        poll(url, "/health", lambda *_: calls.is_file() and calls.read_text().count("\n") == 1)  # its batch is held
+        senders.append(threading.Thread(target=post_all, args=(url, payloads[1:], clients[1:], responses)))
+        senders[1].start()
         # The 5 shed answers must be back before SIGTERM, or a late one meets "shutting down" instead.
         poll(url, "/health", lambda _, body: body["queued_texts"] == 6 and body["in_flight"] == 7
              and sum(r is not None for r in responses) == 5)
-        time.sleep(budget_s)  # a lower bound on the held batch's time, the pace the drain plans with
         process.send_signal(signal.SIGTERM)
         returncode = process.wait(60)
-        sender.join(60)
+        for sender in senders:
+            sender.join(60)
         reader.join(60)
+        responses += running
     finally:
         if process.poll() is None:
             process.kill()

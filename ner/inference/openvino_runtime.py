@@ -29,6 +29,12 @@ from ner.inference.runtime import Batch, export_command, first_line, passes_at_o
 INSTALL = 'OpenVINO runtimes need openvino: pip install -e ".[openvino]"'
 
 
+def cpu_capabilities(core) -> list[str]:
+    """What OpenVINO's CPU plugin runs natively here ("BF16" on AVX-512 BF16 and AMX): the probe that
+    openvino_precision decides by."""
+    return core.get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+
+
 def openvino_precision(requested: str, capabilities: list[str]) -> str:
     """bf16 where it was asked for (or auto) and the CPU has bf16 units, as torch's autocast decides; else
     "no" (fp32)."""
@@ -51,7 +57,7 @@ class OpenVinoRuntime:
         warn_runs_on_cpu(path, device, "OpenVINO", f"--runtime {runtime} uses the CPU only (--runtime torch, or "
                          f"onnx where onnxruntime has the device's provider, can use it)")
         core = openvino.Core()
-        self.precision = openvino_precision(precision, core.get_property("CPU", "OPTIMIZATION_CAPABILITIES"))
+        self.precision = openvino_precision(precision, cpu_capabilities(core))
         # the threads an ONNX session would get: OMP_NUM_THREADS (what ner.serve --workers sets), else torch's
         # count within the container's CPU quota
         self.streams = runtime_threads()

@@ -3,6 +3,10 @@
 Exact equality throughout: the same window, run in a forward pass of the same shape, gives the same bits
 whatever its neighbours hold; any dependence on the batch shows as a difference (kernels sum in a
 shape-dependent order, in fp32 as in bf16). Mixes are seeded, so each test is one deterministic check.
+
+A check that asks for the default precision (auto) runs in fp32 on a CPU without bf16 units (AVX2-only): it
+then checks the precision that ran (read from the model, not from its settings) and says in the test output
+that bf16 was not tested there (a RanInFp32 warning, in pytest's warnings summary).
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import os
 import random
 import shutil
 import threading
+import warnings
 
 import numpy as np
 import pytest
@@ -26,6 +31,47 @@ from ner.predict import main as predict_main
 PRECISIONS = ("bf16", "no", "auto")  # bf16 autocast runs on any CPU; "auto" is the default, bf16 or fp32 by CPU
 SENTENCES = make_sentences(24, seed=11, long_every=5)  # 6-60 words: several widths, and windowed sentences
 TEXTS = [" ".join(word for word, _ in sentence) for sentence in SENTENCES]
+
+
+class RanInFp32(UserWarning):
+    """A check that asked for bf16 (or auto, the default) ran in fp32: this CPU has no bf16 units. It held in fp32;
+    bf16 was not tested on this CPU."""
+
+
+def say_when_fp32(asked: str, ran: str) -> None:
+    """Say so in the test output (RanInFp32: pytest's warnings summary names the test) when a check that asked for
+    bf16 or auto ran in fp32."""
+    if asked != "no" and ran == "no":
+        warnings.warn(RanInFp32(f"--mixed-precision {asked} ran in fp32: this CPU has no bf16 units (avx512_bf16, "
+                                "amx_bf16); the check held in fp32, bf16 was not tested here"), stacklevel=2)
+
+
+def torch_ran_in(tagger: Tagger) -> str:
+    """The precision the tagger's passes ran in, read from the model (the output dtype of its first Linear
+    layer on a pass), not from the tagger's settings."""
+    import torch
+
+    dtypes = set()
+    linear = next(m for m in tagger.runtime.model.modules() if isinstance(m, torch.nn.Linear))
+    hook = linear.register_forward_hook(lambda _module, _inputs, output: dtypes.add(output.dtype))
+    try:
+        tagger.predict(TEXTS[:1])
+    finally:
+        hook.remove()
+    assert len(dtypes) == 1, dtypes
+    return "bf16" if dtypes == {torch.bfloat16} else "no"
+
+
+def checked_precision(tagger: Tagger, asked: str) -> str:
+    """What holds on every CPU: bf16 runs where asked for, auto runs bf16 exactly where the CPU has bf16 units
+    (ner.backends.cpu_supports_bf16), no runs fp32; said in the output when bf16 or auto ran in fp32."""
+    from ner.backends import cpu_supports_bf16
+
+    expected = "bf16" if asked == "bf16" or (asked == "auto" and cpu_supports_bf16()) else "no"
+    ran = torch_ran_in(tagger)
+    assert ran == tagger.precision == expected, (asked, ran, tagger.precision)
+    say_when_fp32(asked, ran)
+    return ran
 
 
 def mixes(count: int, seed: int) -> list[list[int]]:
@@ -70,8 +116,21 @@ def tagged_alone_and_mixed(tagger: Tagger, seed: int, **limits) -> None:
 @pytest.mark.parametrize("precision", PRECISIONS)
 def test_tagger_tags_a_text_alone_as_among_neighbours(random_model, precision):
     tagger = Tagger(random_model, precision=precision)
+    checked_precision(tagger, precision)
     tagged_alone_and_mixed(tagger, seed=1)
     tagged_alone_and_mixed(tagger, seed=2, max_sentences=3, max_tokens=64)  # small batches: many fillers
+
+
+def test_auto_on_a_cpu_without_bf16_units_runs_fp32_and_says_so(random_model, monkeypatch):
+    """The fp32 path of the checks above, forced on any CPU (the probe says: no bf16 units): auto runs fp32, read
+    from the model, and the test output says bf16 was not tested."""
+    import ner.backends
+
+    monkeypatch.setattr(ner.backends, "cpu_supports_bf16", lambda: False)
+    tagger = Tagger(random_model, precision="auto")
+    with pytest.warns(RanInFp32, match="auto ran in fp32"):
+        assert checked_precision(tagger, "auto") == "no"
+    tagged_alone_and_mixed(tagger, seed=1)
 
 
 def test_predict_entities_alone_equal_those_in_a_batch(random_model):
@@ -106,6 +165,11 @@ def test_predict_gives_a_line_the_same_output_in_two_files(random_model, tmp_pat
     def texts(count: int, seed: int, long_every: int = 0) -> list[str]:
         return [" ".join(word for word, _ in s) for s in make_sentences(count, seed, long_every)]
 
+    import torch
+
+    from ner.backends import resolve_precision
+
+    say_when_fp32(precision, resolve_precision(precision, torch.device("cpu")))
     shared, short, long = texts(12, seed=13), texts(4, seed=14), texts(4, seed=15, long_every=1)
     files = {"a.txt": shared + short, "b.txt": [line for pair in zip(shared[::-1], long * 3) for line in pair]}
     outputs = {}

@@ -16,11 +16,13 @@ from ner.data.conll import read_conll  # noqa: E402
 from ner.data.examples import Example
 from ner.export import main as export_main  # noqa: E402
 from ner.inference import onnx_export  # noqa: E402
+from ner.inference.options import RUNTIMES  # noqa: E402
 from ner.inference.tagger import Tagger  # noqa: E402
 from tests.conftest import fitted_export, python_module, torch_threads  # noqa: E402
-from tests.test_batch_independence import SENTENCES, tagged_alone_and_mixed  # noqa: E402
+from tests.test_batch_independence import SENTENCES, RanInFp32, say_when_fp32, tagged_alone_and_mixed  # noqa: E402
 from tests.test_onnx import NO_TORCH, SERVE_ONCE, run_without_torch  # noqa: E402
 
+OPENVINO_RUNTIMES = [runtime for runtime in RUNTIMES if runtime.startswith("openvino")]
 RUNS = [("openvino", "no"), ("openvino", "bf16"), ("openvino-int8", "no"), ("openvino-int8", "bf16")]
 EXAMPLES = [Example([w for w, _ in s], ["O"] * len(s), "t") for s in SENTENCES]
 
@@ -50,10 +52,42 @@ def test_openvino_fp32_tags_like_torch_and_static_int8_agrees(exported, tiny_dat
     assert sum(a == b for a, b in pairs) / len(pairs) >= onnx_export.MIN_INT8_WORD_AGREEMENT
 
 
+def checked_precision(tagger: Tagger, asked: str) -> str:
+    """What holds on every CPU: the compiled model runs bf16 (its INFERENCE_PRECISION_HINT, read from OpenVINO)
+    exactly where bf16 or auto was asked for and the CPU plugin has BF16, else f32, as the tagger reports; said in
+    the test output (RanInFp32) when bf16 was asked for and fp32 ran."""
+    import openvino
+
+    from ner.inference.openvino_runtime import cpu_capabilities
+
+    has_bf16 = "BF16" in cpu_capabilities(openvino.Core())
+    expected = "bf16" if asked in ("auto", "bf16") and has_bf16 else "no"
+    hint = tagger.runtime.compiled.get_property("INFERENCE_PRECISION_HINT")
+    ran = "bf16" if hint == openvino.Type.bf16 else "no"
+    assert ran == tagger.precision == expected and hint in (openvino.Type.bf16, openvino.Type.f32), (asked, hint)
+    say_when_fp32(asked, ran)
+    return ran
+
+
 @pytest.mark.parametrize("runtime,precision", RUNS)
 def test_a_text_gets_the_same_bytes_alone_and_among_neighbours(exported, runtime, precision):
     """Static scales and one fixed shape per width: a window's numbers never depend on what shares its forward."""
-    tagged_alone_and_mixed(Tagger(exported, runtime=runtime, precision=precision), seed=5, max_tokens=128)
+    tagger = Tagger(exported, runtime=runtime, precision=precision)
+    checked_precision(tagger, precision)
+    tagged_alone_and_mixed(tagger, seed=5, max_tokens=128)
+
+
+@pytest.mark.parametrize("runtime", OPENVINO_RUNTIMES)
+def test_bf16_on_a_cpu_without_bf16_units_runs_fp32_and_says_so(exported, runtime, monkeypatch):
+    """The fp32 path of the bf16 rows above, forced on any CPU (the probe says: no BF16): the compiled model runs
+    f32 and the test output says bf16 was not tested."""
+    from ner.inference import openvino_runtime
+
+    monkeypatch.setattr(openvino_runtime, "cpu_capabilities", lambda core: ["FP32", "INT8"])
+    tagger = Tagger(exported, runtime=runtime, precision="bf16")
+    with pytest.warns(RanInFp32, match="bf16 ran in fp32"):
+        assert checked_precision(tagger, "bf16") == "no"
+    tagged_alone_and_mixed(tagger, seed=5, max_tokens=128)
 
 
 @pytest.mark.parametrize("runtime,precision", RUNS)
@@ -70,6 +104,7 @@ def test_each_pass_runs_on_one_thread_and_the_bytes_do_not_depend_on_the_threads
         compiled = tagger.runtime.compiled
         assert compiled.get_property("NUM_STREAMS") == compiled.get_property("INFERENCE_NUM_THREADS") == threads
         answers[threads] = tagger.tag(EXAMPLES, max_tokens=512)[1]
+    checked_precision(tagger, precision)
     assert all(a.tobytes() == b.tobytes() for a, b in zip(answers[1], answers[2]))
 
 
@@ -79,6 +114,21 @@ def test_omp_num_threads_sets_the_streams_as_it_does_an_onnx_session(exported, m
     with torch_threads(2):
         tagger = Tagger(exported, runtime="openvino-int8")
     assert tagger.runtime.compiled.get_property("NUM_STREAMS") == 1
+
+
+@pytest.mark.parametrize("runtime", OPENVINO_RUNTIMES)
+def test_a_gpu_asked_for_is_said_to_be_unused_as_onnx_says_it(exported, runtime, caplog):
+    """OpenVINO runs on the CPU here: a GPU device asked for (Tagger's `device`, a corpus process's GPU) gets the
+    one warning ONNX gives when it cannot use the GPU (runtime.warn_runs_on_cpu), not silence; the CPU, or no
+    device, gets none."""
+    caplog.set_level("WARNING")
+    for quiet in (None, "cpu"):
+        assert Tagger(exported, runtime=runtime, device=quiet).device == "cpu"
+    assert "runs on the CPU" not in caplog.text
+    tagger = Tagger(exported, runtime=runtime, device="cuda:1")
+    assert tagger.device == "cpu"
+    warnings = [r.getMessage() for r in caplog.records if "runs on the CPU" in r.getMessage()]
+    assert len(warnings) == 1 and "OpenVINO runs on the CPU, not on cuda:1" in warnings[0], warnings
 
 
 def test_precision_is_bf16_only_where_asked_for_and_the_cpu_has_it():

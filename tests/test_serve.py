@@ -218,8 +218,27 @@ def serving(model, model_dir, limits: Limits, options: ServeOptions = ServeOptio
     return app, app.router.lifespan_context(app), client
 
 
-def run(coroutine):
-    return asyncio.run(coroutine)
+def run(coroutine, loop_factory=None):
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        return runner.run(coroutine)
+
+
+class SteppedClock(asyncio.SelectorEventLoop):
+    """An event loop whose clock the test moves on: a timeout passes when the test says so (`advance`), not when
+    the machine has been slow enough; until then the loop keeps real time, so nothing times out by itself."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ahead_s = 0.0
+
+    def time(self) -> float:
+        return super().time() + self.ahead_s
+
+    def advance(self, seconds: float) -> None:
+        self.ahead_s += seconds
+
+
+NEVER_BY_ITSELF_S = 3600.0  # a request timeout that passes only when a SteppedClock is advanced past it
 
 
 class Counted(BatcherEvents):
@@ -280,22 +299,28 @@ def test_a_full_queue_answers_503_with_retry_after_before_reading_the_body(rando
 
 
 def test_a_request_past_its_timeout_gets_504_and_its_texts_leave_the_queue(random_model):
+    """The clock moves past the timeout once one request runs and one waits (SteppedClock): both time out, whatever
+    the machine's speed."""
     model, events = Gated(), Counted()
-    app, lifespan, client = serving(model, random_model, Limits(max_wait_ms=0, request_timeout_s=0.5), events=events)
+    app, lifespan, client = serving(model, random_model, Limits(max_wait_ms=0, request_timeout_s=NEVER_BY_ITSELF_S),
+                                    events=events)
 
     async def scenario():
         async with lifespan, client:
             await until(lambda: app.state.lifecycle.ready, "warmed up")
             running = asyncio.create_task(client.post("/predict", json={"text": "running"}))
             await until(lambda: model.calls == [["running"]], "the first batch runs")
-            waiting = await client.post("/predict", json={"texts": ["never", "computed"]})  # the model is busy
+            waiting = asyncio.create_task(client.post("/predict", json={"texts": ["never", "computed"]}))
+            await until(lambda: app.state.batcher.queued_texts() == 2, "its texts wait: the model is busy")
+            asyncio.get_running_loop().advance(NEVER_BY_ITSELF_S)
+            waiting = await waiting
             depth = app.state.batcher.queued_texts()
             model.gate.set()
             first = await running
             after = await client.post("/predict", json={"text": "after"})
             return waiting, depth, first, after
 
-    waiting, depth, first, after = run(scenario())
+    waiting, depth, first, after = run(scenario(), SteppedClock)
     assert waiting.status_code == 504 and "(--request-timeout)" in waiting.json()["error"]
     assert depth == 0  # left the queue at once
     assert first.status_code == 504  # it had started: it cannot leave, but it is answered in time
@@ -451,7 +476,8 @@ async def stopped_at_a_window(model: EndlessWindows, timeout_s: float = 60) -> b
     return ended
 
 
-def window_scenario(model: EndlessWindows, texts: list[str], limits: Limits, act):
+def window_scenario(model: EndlessWindows, texts: list[str], limits: Limits, act, is_disconnected=None,
+                    loop_factory=None):
     """One request of `texts` runs on `model`; once its passes run, `act(batcher)` (a coroutine); returns (the
     request's outcome, whether the model stopped at a window boundary)."""
 
@@ -459,7 +485,7 @@ def window_scenario(model: EndlessWindows, texts: list[str], limits: Limits, act
         batcher = MicroBatcher(model.predict, limits)
         batcher.start()
         try:
-            running = asyncio.create_task(batcher.submit(texts))
+            running = asyncio.create_task(batcher.submit(texts, is_disconnected))
             await until(lambda: model.passes > 0, "the long text runs")
             await act(batcher)
             stopped = await stopped_at_a_window(model)
@@ -468,7 +494,7 @@ def window_scenario(model: EndlessWindows, texts: list[str], limits: Limits, act
             model.give_up.set()
             await batcher.stop()
 
-    return run(scenario())
+    return run(scenario(), loop_factory)
 
 
 async def drain_now(batcher: MicroBatcher) -> None:
@@ -496,16 +522,37 @@ def test_a_cut_during_the_text_by_text_retry_answers_503_not_500():
 
 
 def test_a_request_that_timed_out_stops_its_batch_at_the_next_window():
-    """README: a client that left costs no model time. The request gets 504 and its batch, which nobody waits
-    for now, stops at the next window boundary, as a drain does, instead of keeping the model from the next."""
+    """The request gets 504 once its batch runs (the test moves the clock past the timeout then, SteppedClock),
+    and its batch, which nobody waits for now, stops at the next window boundary, as a drain does, instead of
+    keeping the model from the next."""
     from ner.serving.batcher import TimedOut
 
-    async def nothing(batcher):
-        pass
+    async def time_passes(batcher):
+        asyncio.get_running_loop().advance(NEVER_BY_ITSELF_S)
 
     outcome, stopped = window_scenario(EndlessWindows(), ["a very long text"],
-                                       Limits(max_wait_ms=0, request_timeout_s=0.2), nothing)
+                                       Limits(max_wait_ms=0, request_timeout_s=NEVER_BY_ITSELF_S), time_passes,
+                                       loop_factory=SteppedClock)
     assert stopped and isinstance(outcome, TimedOut), outcome
+
+
+def test_a_client_that_leaves_during_its_batch_stops_it_at_the_next_window():
+    """docs/serving.md: a client that left costs no model time. It leaves once its batch runs (not before, where
+    the batch start drops it): the batcher asks between windows, as the timeout and the drain stop it there, so
+    the batch stops at a window boundary and the request is settled as ClientGone (499)."""
+    from ner.serving.batcher import ClientGone
+
+    gone = threading.Event()
+
+    async def is_disconnected() -> bool:
+        return gone.is_set()
+
+    async def leave(batcher):
+        gone.set()
+
+    outcome, stopped = window_scenario(EndlessWindows(), ["a very long text"],
+                                       Limits(max_wait_ms=0, request_timeout_s=None), leave, is_disconnected)
+    assert stopped and isinstance(outcome, ClientGone), outcome
 
 
 def test_a_batch_goes_on_while_one_of_its_requests_still_waits():
@@ -619,11 +666,15 @@ HELD_MODEL_SERVER = """
 import sys, threading
 from pathlib import Path
 import ner.inference.tagger
+from ner.serving.batcher import MicroBatcher
 from ner.serving.lifecycle import WARM_UP_TEXT, Lifecycle
 from ner.serve import main
 
 calls, real, drained = Path(sys.argv[1]), ner.inference.tagger.Tagger.predict, threading.Event()
-begin_drain = Lifecycle._drain
+begin_drain, learn_pace, hour_s = Lifecycle._drain, MicroBatcher._learn_pace, 3600.0
+
+def an_hour_slower(self, seconds, texts, words):  # the pace the drain plans with: each batch as if it took an hour
+    learn_pace(self, seconds + hour_s, texts, words)
 
 def drain(self):  # SIGTERM's drain begins (its deadline set), then the held batch goes on
     begin_drain(self)
@@ -636,7 +687,7 @@ def held(self, texts, *args, **kwargs):  # every batch but the warm-up: logged i
         drained.wait()
     return real(self, texts, *args, **kwargs)
 
-Lifecycle._drain, ner.inference.tagger.Tagger.predict = drain, held
+Lifecycle._drain, ner.inference.tagger.Tagger.predict, MicroBatcher._learn_pace = drain, held, an_hour_slower
 sys.exit(main(sys.argv[2:]))
 """
 
@@ -740,34 +791,39 @@ def read_in_background(process: subprocess.Popen) -> tuple[threading.Thread, lis
 
 
 @pytest.mark.slow
-def test_sigterm_with_a_full_queue_answers_everyone_and_exits_within_the_shutdown_timeout(random_model, tmp_path):
-    """One text a batch, 6 texts of queue, 12 requests: 1 runs (held until the drain begins), 6 wait, 5 are shed.
-    SIGTERM with --shutdown-timeout 4 (a drain budget of 3 s): the batch in flight is answered; it ran longer
-    than the budget, so by its pace no other batch fits and the queue gets 503 at once; only that batch was
-    computed; uvicorn never had to cancel anything at its own deadline. Events, not the machine's speed: the
-    hold lasts at least the budget (a slower machine only lengthens it); what must fit in the 3 s is one
-    short sentence's forward pass."""
+def test_sigterm_answers_the_batch_in_flight_refuses_the_queue_by_its_pace_and_needs_no_forced_exit(random_model,
+                                                                                                    tmp_path):
+    """One text a batch, 6 texts of queue, 12 requests: 1 runs (held until the drain begins), then 11 at once: 6
+    wait, 5 are shed. SIGTERM with --shutdown-timeout 4 (a drain budget of 3 s): the batch in flight is answered;
+    by the pace the drain plans with (each batch taken as an hour: the server's pace is declared, not measured on
+    this machine) no other batch fits, so the queue gets 503 at once; only that batch was computed; the process
+    exits with SIGTERM's status and uvicorn never had to force its shutdown. Events, not the machine's speed: the
+    11 are sent once the first one's batch is held, and the hold ends when the drain begins; what must fit in the
+    3 s is one short sentence's forward pass."""
     shutdown_timeout_s, calls = 4.0, tmp_path / "calls"
-    budget_s = ServeOptions(shutdown_timeout_s=shutdown_timeout_s).drain_budget_s()
     process, url = start_server(random_model, "--max-wait-ms", "0", "--max-batch-texts", "1", "--max-texts", "1",
                                 "--max-queue", "6", "--shutdown-timeout", str(shutdown_timeout_s),
-                                launcher=("-c", HELD_MODEL_SERVER, str(calls)))
+                                "--request-timeout", "3600", launcher=("-c", HELD_MODEL_SERVER, str(calls)))
     reader, output = read_in_background(process)
     try:
         poll(url, "/ready", lambda status, _: status == 200)
-        responses: list = [None] * 12
+        running, responses = [None], [None] * 11
         clients = connected_clients(url, 12)
         payloads = [{"text": f"Request {i} from Ada Lovelace in London."} for i in range(12)]
-        sender = threading.Thread(target=post_all, args=(url, payloads, clients, responses))
-        sender.start()
+        senders = [threading.Thread(target=post_all, args=(url, payloads[:1], clients[:1], running))]
+        senders[0].start()
+        poll(url, "/health", lambda *_: calls.is_file() and calls.read_text().count("\n") == 1)  # its batch is held
+        senders.append(threading.Thread(target=post_all, args=(url, payloads[1:], clients[1:], responses)))
+        senders[1].start()
         # The 5 shed answers must be back before SIGTERM, or a late one meets "shutting down" instead.
         poll(url, "/health", lambda _, body: body["queued_texts"] == 6 and body["in_flight"] == 7
              and sum(r is not None for r in responses) == 5)
-        time.sleep(budget_s)  # a lower bound on the held batch's time, the pace the drain plans with
         process.send_signal(signal.SIGTERM)
         returncode = process.wait(60)
-        sender.join(60)
+        for sender in senders:
+            sender.join(60)
         reader.join(60)
+        responses += running
     finally:
         if process.poll() is None:
             process.kill()

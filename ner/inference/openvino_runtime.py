@@ -24,9 +24,15 @@ from pathlib import Path
 import numpy as np
 
 from ner.errors import UserError
-from ner.inference.runtime import Batch, export_command, first_line, passes_at_once, runtime_threads
+from ner.inference.runtime import Batch, export_command, first_line, passes_at_once, runtime_threads, warn_runs_on_cpu
 
 INSTALL = 'OpenVINO runtimes need openvino: pip install -e ".[openvino]"'
+
+
+def cpu_capabilities(core) -> list[str]:
+    """What OpenVINO's CPU plugin runs natively here ("BF16" on AVX-512 BF16 and AMX): the probe that
+    openvino_precision decides by."""
+    return core.get_property("CPU", "OPTIMIZATION_CAPABILITIES")
 
 
 def openvino_precision(requested: str, capabilities: list[str]) -> str:
@@ -36,18 +42,22 @@ def openvino_precision(requested: str, capabilities: list[str]) -> str:
 
 
 class OpenVinoRuntime:
-    """A compiled OpenVINO model on the CPU: one stream of one thread per thread the process may use."""
+    """A compiled OpenVINO model on the CPU: one stream of one thread per thread the process may use. A `device`
+    other than the CPU is not used, and the log says so (as ONNX does where it lacks the GPU's provider)."""
 
     device_type = "cpu"  # what runs the passes: picks the default batch budget (options.inference_budget)
     threads_per_forward = 1  # see the module's docstring
 
-    def __init__(self, path: Path, num_labels: int, precision: str = "auto", runtime: str = "openvino"):
+    def __init__(self, path: Path, num_labels: int, precision: str = "auto", runtime: str = "openvino",
+                 device: str | None = None):
         try:
             import openvino
         except ImportError:
             raise UserError(INSTALL) from None
+        warn_runs_on_cpu(path, device, "OpenVINO", f"--runtime {runtime} uses the CPU only (--runtime torch, or "
+                         f"onnx where onnxruntime has the device's provider, can use it)")
         core = openvino.Core()
-        self.precision = openvino_precision(precision, core.get_property("CPU", "OPTIMIZATION_CAPABILITIES"))
+        self.precision = openvino_precision(precision, cpu_capabilities(core))
         # the threads an ONNX session would get: OMP_NUM_THREADS (what ner.serve --workers sets), else torch's
         # count within the container's CPU quota
         self.streams = runtime_threads()

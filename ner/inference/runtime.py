@@ -165,6 +165,13 @@ def onnx_device_type(device: str | None) -> str:
     return next((kind for kind, provider in GPU_PROVIDERS.items() if provider in available), "cpu")
 
 
+def warn_runs_on_cpu(path: Path, device: str | None, runtime: str, why: str) -> None:
+    """The one line a runtime logs when it was asked for a device it will not use: it runs on the CPU instead, and
+    `why` (ONNX: no provider for the device; OpenVINO: CPU only). Nothing when no device or the CPU was asked for."""
+    if device and device.split(":")[0] != "cpu":
+        log.warning("%s: %s runs on the CPU, not on %s: %s", path.name, runtime, device, why)
+
+
 # onnxruntime's accelerated providers, by torch device type (dictionary keys: the device comes from the backend)
 GPU_PROVIDERS = {"cuda": "CUDAExecutionProvider"}
 
@@ -263,10 +270,10 @@ def onnx_session(path: Path, device_type: str = "cpu"):
     options.intra_op_num_threads = runtime_threads()
     options.log_severity_level = 3  # errors only: graph-optimisation notices are not the user's business
     providers = onnx_providers(onnxruntime.get_available_providers(), device_type)
-    if device_type != "cpu" and len(providers) == 1:
-        log.warning("%s: onnxruntime has no provider for the %s device here (it has %s); ONNX runs on the CPU "
-                    "(onnxruntime-gpu provides CUDAExecutionProvider)", path.name, device_type,
-                    ", ".join(onnxruntime.get_available_providers()))
+    if len(providers) == 1:
+        warn_runs_on_cpu(path, device_type, "ONNX", f"onnxruntime has no provider for it here (it has "
+                         f"{', '.join(onnxruntime.get_available_providers())}; onnxruntime-gpu provides "
+                         f"CUDAExecutionProvider)")
     try:
         return onnxruntime.InferenceSession(str(path), options, providers=providers)
     except Exception as exc:  # onnxruntime raises its own Fail / InvalidProtobuf / RuntimeError types

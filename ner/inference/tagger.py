@@ -114,7 +114,7 @@ class Tagger:
         if self.runtime_name.startswith("openvino"):  # the CPU, and no torch either
             self.device = "cpu"
             runtime = OpenVinoRuntime(runtime_path(model_dir, self.runtime_name), num_labels, precision,
-                                      self.runtime_name)
+                                      self.runtime_name, device)
             self.precision = runtime.precision
             return runtime
         if self.runtime_name != "torch":  # the ONNX file alone: the PyTorch weights (and torch) are never loaded

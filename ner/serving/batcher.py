@@ -12,7 +12,8 @@ split; one over the caps runs alone), and tags them in one call on one model thr
 an exception of its own, which the HTTP layer turns into a status: Overloaded (503 + Retry-After), TimedOut
 (504), TextFailed (500, only the request that holds the failing text), Draining (503). No HTTP here.
 A running batch stops at its next window boundary (Tagger.predict's `progress`) at the drain deadline, and
-once every request in it has timed out or left: the model then takes the next batch.
+once every request in it has timed out or left: the model then takes the next batch. Whether a client left is
+asked at batch start and again at every window boundary of its batch.
 """
 
 from __future__ import annotations
@@ -71,7 +72,8 @@ class Cut(BaseException):
 
 
 class ClientGone(Exception):
-    """The client disconnected before its batch started: its texts were dropped, not computed."""
+    """The client disconnected: before its batch started (its texts were dropped, not computed), or while it ran
+    (noticed at a window boundary; the batch stops there once nobody else in it waits)."""
 
 
 class BatcherEvents:
@@ -113,19 +115,22 @@ def _split_all(split: Callable[[str], list[Word]], texts: list[str]) -> list[lis
     return [split(text) for text in texts]
 
 
-def _until_cut(cut: threading.Event, batches, **_):
+def _until_cut(cut: threading.Event, at_window: Callable[[], None], batches, **_):
     """Tagger.predict's forward passes, one by one, while `cut` is clear (its `progress`): the one place a
-    batch stops early, whoever asked (the drain deadline, stop(), requests that all left)."""
+    batch stops early, whoever asked (the drain deadline, stop(), requests that all left). `at_window` runs at
+    each boundary: it asks whether the batch's clients are still there (_ClientsWatch)."""
     for batch in batches:
         if cut.is_set():
             raise Cut("the batch was stopped at a window boundary")
+        at_window()
         yield batch
 
 
 def _cut_when_abandoned(batch: list[_Pending]) -> threading.Event:
-    """The batch's cut, set once every request in it is settled before its answers exist (timed out, or its
-    client's task cancelled): nobody waits for them, so the model stops at its next window and takes the next
-    batch (README: a client that left costs no model time). Set again when the answers arrive: harmless then."""
+    """The batch's cut, set once every request in it is settled before its answers exist (timed out, its
+    client's task cancelled, or its client gone: _ClientsWatch): nobody waits for them, so the model stops at its
+    next window and takes the next batch (docs/serving.md: a client that left costs no more model time). Set
+    again when the answers arrive: harmless then."""
     cut = threading.Event()
 
     def settled(_) -> None:
@@ -135,6 +140,31 @@ def _cut_when_abandoned(batch: list[_Pending]) -> threading.Event:
     for item in batch:
         item.future.add_done_callback(settled)
     return cut
+
+
+class _ClientsWatch:
+    """Whether a running batch's clients are still there, asked at each window boundary: called on the model
+    thread, it has the event loop check each request's `is_disconnected()` (one check at a time). A request whose
+    client left is settled with ClientGone; once every request of the batch is settled, _cut_when_abandoned
+    stops the batch at its next window. The model thread never waits for the answer."""
+
+    def __init__(self, batch: list[_Pending], loop: asyncio.AbstractEventLoop) -> None:
+        self.watched = [item for item in batch if item.is_disconnected is not None]
+        self.loop = loop
+        self.checking: asyncio.Task | None = None  # touched on the event loop only
+
+    def __call__(self) -> None:
+        if self.watched:
+            self.loop.call_soon_threadsafe(self._check_once)
+
+    def _check_once(self) -> None:
+        if self.checking is None or self.checking.done():
+            self.checking = self.loop.create_task(self._check())
+
+    async def _check(self) -> None:
+        for item in self.watched:
+            if not item.future.done() and await item.is_disconnected() and not item.future.done():
+                item.future.set_exception(ClientGone("the client disconnected while its batch ran"))
 
 
 class MicroBatcher:
@@ -196,9 +226,10 @@ class MicroBatcher:
         words = _split_all(self.split, [text])
         return await asyncio.get_running_loop().run_in_executor(self.executor, self._call, [text], words)
 
-    def _call(self, texts: list[str], words: list[list[Word]], cut: threading.Event | None = None) -> list[dict]:
+    def _call(self, texts: list[str], words: list[list[Word]], cut: threading.Event | None = None,
+              at_window: Callable[[], None] = lambda: None) -> list[dict]:
         if self._stoppable and cut is not None:
-            return self.predict(texts, words=words, progress=functools.partial(_until_cut, cut))
+            return self.predict(texts, words=words, progress=functools.partial(_until_cut, cut, at_window))
         return self.predict(texts, words=words)
 
     def _ended(self, task: asyncio.Task) -> None:
@@ -383,7 +414,7 @@ class MicroBatcher:
         self.running_cut = _cut_when_abandoned(batch)
         try:
             outcomes = await loop.run_in_executor(self.executor, self._predict_isolated, texts, words,
-                                                  self.running_cut)
+                                                  self.running_cut, _ClientsWatch(batch, loop))
         except Cut:
             self._answer_draining(batch)  # the drain's cut; an abandoned batch has nobody left to answer
             return
@@ -406,18 +437,19 @@ class MicroBatcher:
             else:
                 item.future.set_result(mine)
 
-    def _predict_isolated(self, texts: list[str], words: list[list[Word]],
-                          cut: threading.Event) -> list[dict | Exception]:
+    def _predict_isolated(self, texts: list[str], words: list[list[Word]], cut: threading.Event,
+                          at_window: Callable[[], None]) -> list[dict | Exception]:
         """The batch's answers; if the batch raises, each text alone, so one bad text fails only itself
-        (alone, a text's answer is the one it gets in any batch). Cut, at a window boundary, once `cut` is set."""
+        (alone, a text's answer is the one it gets in any batch). Cut, at a window boundary, once `cut` is set;
+        `at_window` runs at every boundary."""
         try:
-            return self._call(texts, words, cut)
+            return self._call(texts, words, cut, at_window)
         except Exception:
             log.exception("prediction failed on a batch of %d texts; retrying each text alone", len(texts))
         outcomes: list[dict | Exception] = []
         for text, text_words in zip(texts, words):
             try:
-                outcomes.append(self._call([text], [text_words], cut)[0])
+                outcomes.append(self._call([text], [text_words], cut, at_window)[0])
             except Exception as exc:
                 log.exception("prediction failed on a text of %d characters", len(text))
                 outcomes.append(exc)

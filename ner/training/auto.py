@@ -51,6 +51,17 @@ def auto_learning_rate(hidden_size: int, batch_scale: float = 1.0) -> float:
     return (2e-4 if hidden_size <= 512 else 5e-5) * math.sqrt(batch_scale)
 
 
+def built_batch_scale(updates_per_epoch: Callable[[int, int], int], micro_batch: tuple[int, int],
+                      cpu_micro_batch: tuple[int, int]) -> float:
+    """How many times the windows of the CPU's auto micro-batch the micro-batches cut at `micro_batch` (batch
+    size, token budget) hold on this data: the same epoch cut into k times fewer updates holds k times the data
+    in each. A token budget that binds (long rows, or a --max-tokens below the sentences' budget) makes them
+    smaller than the sentence count asks for, and the rate follows what is built, not what was asked."""
+    if micro_batch == cpu_micro_batch:
+        return 1.0
+    return updates_per_epoch(*cpu_micro_batch) / max(updates_per_epoch(*micro_batch), 1)
+
+
 def auto_attention(device_type: str) -> str:
     """SDPA's fused kernels pay off on GPUs; on CPU, for NER's short rows, eager measured faster."""
     return "eager" if device_type == "cpu" else "sdpa"
@@ -81,10 +92,13 @@ def resolve_auto(cfg: TrainConfig, *, hidden_size: int, sentences_per_window: fl
         chosen["max_tokens"] = max_tokens
         log.info("--max-tokens auto: %d (on %s)", max_tokens, device_type)
     if cfg.learning_rate == 0:
-        batch_scale = budget_sentences / AUTO_SENTENCES_PER_BATCH if cfg.batch_size == 0 else 1.0
+        cpu_micro_batch = (auto_batch_size(sentences_per_window), training_budget("cpu")[1])
+        batch_scale = built_batch_scale(updates_per_epoch, (batch_size, max_tokens), cpu_micro_batch) \
+            if cfg.batch_size == 0 else 1.0
         chosen["learning_rate"] = auto_learning_rate(hidden_size, batch_scale)
         log.info("--learning-rate auto: %g (hidden size %d%s)", chosen["learning_rate"], hidden_size,
-                 f", micro-batch {batch_scale:g}x the CPU's: x sqrt({batch_scale:g})" if batch_scale != 1 else "")
+                 f", micro-batch {batch_scale:.3g}x the CPU's as built: x sqrt({batch_scale:.3g})"
+                 if batch_scale != 1 else "")
     if cfg.num_epochs == 0 and cfg.max_steps <= 0:
         per_epoch = updates_per_epoch(batch_size, max_tokens)
         chosen["num_epochs"] = auto_num_epochs(per_epoch)

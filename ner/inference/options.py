@@ -48,6 +48,12 @@ def inference_batch_limits(batch_size: int, max_tokens: int) -> tuple[int, int]:
 RUNTIME_FILES = {"torch": (), "onnx": ("model.onnx",), "onnx-int8": ("model.int8.onnx",),
                  "openvino": ("model.onnx",), "openvino-int8": ("model.int8.xml", "model.int8.bin")}
 RUNTIMES = tuple(RUNTIME_FILES)
+# --runtime's default: the fastest of RUNTIMES for the device that the export's files allow (inference/auto_runtime.py)
+AUTO_RUNTIME = "auto"
+RUNTIME_CHOICES = (AUTO_RUNTIME, *RUNTIMES)
+# The one flag (ner.export, ner.train; TrainConfig.export_int8) that writes every file a runtime of RUNTIMES reads
+# besides torch's: model.onnx, model.int8.onnx and OpenVINO's static model.int8.xml, each past its accuracy gate
+FAST_RUNTIMES_FLAG = "--export-int8"
 
 
 MIN_SEQ_LENGTH = 8  # [CLS], [SEP] and a few words
@@ -78,12 +84,15 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--min-score", action="append", default=None, metavar="SCORE|TYPE=SCORE",
                         help="drop entities scored below SCORE, overall or for one type (PER=0.8); repeatable "
                              "(default: the model's, from training's --min-score, else none)")
-    parser.add_argument("--runtime", choices=RUNTIMES, default="torch",
-                        help="torch (default); onnx / onnx-int8: onnxruntime (CUDA where it has the provider and "
-                             "the device is a GPU, else the CPU) over model.onnx / model.int8.onnx, written by "
-                             "python -m ner.export MODEL_DIR OUT --onnx --quantize int8; openvino: OpenVINO on the CPU "
-                             "over model.onnx (bf16 as --mixed-precision decides); openvino-int8: model.int8.xml, "
-                             "static int8 written by the same export with --calibrate TRAIN_FILE")
+    parser.add_argument("--runtime", choices=RUNTIME_CHOICES, default=AUTO_RUNTIME,
+                        help="auto (default): the fastest runtime for this CPU class or GPU among those the model "
+                             "folder has files for and whose packages are installed; the log says which and why "
+                             "(docs/performance.md, \"Runtimes by CPU class\"). torch; onnx / onnx-int8: onnxruntime "
+                             "(CUDA where it has the provider and the device is a GPU, else the CPU) over model.onnx / "
+                             "model.int8.onnx; openvino: OpenVINO on the CPU over model.onnx (bf16 as "
+                             "--mixed-precision decides); openvino-int8: model.int8.xml, OpenVINO's static int8. "
+                             f"python -m ner.export MODEL_DIR MODEL_DIR {FAST_RUNTIMES_FLAG} --calibrate TRAIN_FILE "
+                             "writes every runtime's files")
 
 
 def parse_min_score(spec: str | list[str] | None) -> dict[str, float]:

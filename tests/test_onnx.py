@@ -20,6 +20,7 @@ from ner.evaluate import main as evaluate_main  # noqa: E402
 from ner.export import main as export_main  # noqa: E402
 from ner.inference import onnx_export as export_onnx  # noqa: E402
 from ner.inference import runtime as runtimes  # noqa: E402
+from ner.inference.options import FAST_RUNTIMES_COMMAND  # noqa: E402
 from ner.inference.tagger import Tagger  # noqa: E402
 from ner.predict import main as predict_main  # noqa: E402
 from ner.serve import build_parser as serve_parser  # noqa: E402
@@ -88,7 +89,7 @@ def one_line_error(capsys) -> str:
 def test_missing_onnx_file_names_the_export_command(random_model, tiny_data, capsys):
     assert predict_main([str(random_model), str(tiny_data["test"]), "--conll", "--runtime", "onnx-int8"]) == 2
     err = one_line_error(capsys)
-    assert "model.int8.onnx: not found" in err and "python -m ner.export MODEL_DIR OUT --onnx --quantize int8" in err
+    assert "model.int8.onnx: not found" in err and FAST_RUNTIMES_COMMAND.format(model="MODEL_DIR") in err
 
 
 @pytest.mark.parametrize("main", [predict_main, evaluate_main], ids=["predict", "evaluate"])

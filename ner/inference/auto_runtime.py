@@ -20,7 +20,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ner.inference.options import AUTO_RUNTIME, FAST_RUNTIMES_FLAG, RUNTIME_FILES
+from ner.inference.options import AUTO_RUNTIME, FAST_RUNTIMES_COMMAND, RUNTIME_FILES
 
 log = logging.getLogger("ner")
 
@@ -70,7 +70,6 @@ RUNTIME_PACKAGES = {"torch": ("torch",), "onnx": ("onnxruntime",), "onnx-int8": 
                     "openvino": ("openvino",), "openvino-int8": ("openvino",)}
 INSTALL = {"torch": "pip install torch", "onnxruntime": 'pip install -e ".[onnx]"',
            "openvino": 'pip install -e ".[openvino]"'}
-FAST_RUNTIMES_COMMAND = "python -m ner.export {model} {model} " + FAST_RUNTIMES_FLAG + " --calibrate TRAIN_FILE"
 
 
 def cpu_flags(cpuinfo: str) -> frozenset[str]:

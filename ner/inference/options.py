@@ -54,6 +54,7 @@ RUNTIME_CHOICES = (AUTO_RUNTIME, *RUNTIMES)
 # The one flag (ner.export, ner.train; TrainConfig.export_int8) that writes every file a runtime of RUNTIMES reads
 # besides torch's: model.onnx, model.int8.onnx and OpenVINO's static model.int8.xml, each past its accuracy gate
 FAST_RUNTIMES_FLAG = "--export-int8"
+FAST_RUNTIMES_COMMAND = "python -m ner.export {model} {model} " + FAST_RUNTIMES_FLAG + " --calibrate TRAIN_FILE"
 
 
 MIN_SEQ_LENGTH = 8  # [CLS], [SEP] and a few words
@@ -91,8 +92,7 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                              "(CUDA where it has the provider and the device is a GPU, else the CPU) over model.onnx / "
                              "model.int8.onnx; openvino: OpenVINO on the CPU over model.onnx (bf16 as "
                              "--mixed-precision decides); openvino-int8: model.int8.xml, OpenVINO's static int8. "
-                             f"python -m ner.export MODEL_DIR MODEL_DIR {FAST_RUNTIMES_FLAG} --calibrate TRAIN_FILE "
-                             "writes every runtime's files")
+                             + FAST_RUNTIMES_COMMAND.format(model="MODEL_DIR") + " writes every runtime's files")
 
 
 def parse_min_score(spec: str | list[str] | None) -> dict[str, float]:

@@ -236,6 +236,29 @@ def test_a_run_with_export_int8_ends_with_every_runtimes_files_calibrated_on_its
         assert agreement >= onnx_export.MIN_INT8_WORD_AGREEMENT, (runtime, agreement)
 
 
+def test_a_run_whose_int8_gates_refuse_ends_finished_with_its_model_and_names_the_refusals(tiny_bert, tiny_data,
+                                                                                           tmp_path, monkeypatch,
+                                                                                           capsys):
+    """Every int8 gate refuses (a threshold no file meets): the run still exits 0 with final/ whole, model.onnx kept,
+    no int8 file, and the summary names each refusal and what --runtime auto will run instead."""
+    from ner.inference.auto_runtime import choose, this_cpu_class
+    from ner.train import main as train_main
+    from tests.conftest import tiny_args
+
+    monkeypatch.setattr(onnx_export, "MIN_INT8_WORD_AGREEMENT", 1.01)
+    out = tmp_path / "run"
+    assert train_main(tiny_args(tiny_bert, tiny_data, out, "--num-epochs", "1", FAST_RUNTIMES_FLAG)) == 0
+    final = out / "final"
+    present = {p.name for p in final.iterdir()}
+    assert {"model.safetensors", "metrics.json", *RUNTIME_FILES["onnx"]} <= present
+    assert not {name for runtime in ("onnx-int8", "openvino-int8") for name in RUNTIME_FILES[runtime]} & present
+    said = capsys.readouterr().out
+    assert f"{FAST_RUNTIMES_FLAG}: refused model.int8.onnx (--runtime onnx-int8): int8 ONNX model agrees" in said
+    assert f"{FAST_RUNTIMES_FLAG}: refused model.int8.bin, model.int8.xml (--runtime openvino-int8): static" in said
+    assert f"python -m ner.predict will run --runtime {choose(this_cpu_class(), final).runtime} on this" in said
+    assert f"Model ready: {final}" in said
+
+
 def test_export_int8_without_openvino_is_refused_before_training(monkeypatch):
     import importlib.util
 

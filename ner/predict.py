@@ -44,10 +44,9 @@ from ner.data.spans import SPAN_HELP, entities_record, label_studio_task, span_r
 from ner.data.tags import check_known_labels
 from ner.data.text import split_whitespace
 from ner.errors import UserError, cli
-from ner.inference.auto_runtime import show_choice_on_stderr
 from ner.inference.entities import entities, word_positions
 from ner.inference.model_folder import model_version
-from ner.inference.options import add_inference_arguments
+from ner.inference.options import add_inference_arguments, show_choice_on_stderr
 from ner.inference.tagger import Tagger
 
 RAW_HELP = ("raw text (the default): each line is one text; entities carry character offsets "

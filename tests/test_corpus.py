@@ -376,18 +376,18 @@ def test_an_auto_resume_keeps_the_runtime_its_parts_were_tagged_with(random_mode
     """A further export between the runs would make auto pick another runtime (here: a model.onnx on a CPU whose
     order puts it before torch); the resume keeps the recorded one and writes the same bytes. The file's contents
     are no model: loading it would fail."""
-    from ner.inference import auto_runtime
+    from ner.inference import options
     from ner.inference.options import RUNTIME_FILES
 
     model, out, extra = tmp_path / "model", tmp_path / "out", ("--chunk-texts", "4", "--merge")
     shutil.copytree(random_model, model)
-    monkeypatch.setattr(auto_runtime, "this_cpu_class", lambda: "avx2")
+    monkeypatch.setattr(options, "this_cpu_class", lambda: "avx2")
     assert tag(model, out, corpus["first"], corpus["second"], extra=extra) == 0
     reference = folder_bytes(out)
     assert json.loads((out / "manifest.json").read_text())["computation"]["runtime"] == "torch"
     (out / "part-00001.jsonl").unlink()
     (model / RUNTIME_FILES["onnx"][0]).write_bytes(b"a further export")
-    assert auto_runtime.choose("avx2", model).runtime != "torch"
+    assert options.choose("avx2", model).runtime != "torch"
     assert tag(model, out, corpus["first"], corpus["second"], extra=extra) == 0
     assert folder_bytes(out) == reference
 

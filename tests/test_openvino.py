@@ -118,7 +118,7 @@ def test_a_static_model_that_fails_its_gate_leaves_nothing(exported, tiny_data, 
 def test_export_int8_writes_every_runtimes_files_and_says_what_auto_picks(exported, tiny_data, tmp_path, capsys):
     """One flag on ner.export: the fp32 ONNX, the per-token int8 and OpenVINO's static int8, each past its gate,
     recorded as the export's own; the report names them and what --runtime auto runs here."""
-    from ner.inference.auto_runtime import choose, this_cpu_class
+    from ner.inference.options import choose, this_cpu_class
 
     out = tmp_path / "fast"
     assert export_main([str(exported), str(out), FAST_RUNTIMES_FLAG, "--calibrate", str(tiny_data["train"])]) == 0
@@ -241,7 +241,7 @@ def test_a_run_whose_int8_gates_refuse_ends_finished_with_its_model_and_names_th
                                                                                            capsys):
     """Every int8 gate refuses (a threshold no file meets): the run still exits 0 with final/ whole, model.onnx kept,
     no int8 file, and the summary names each refusal and what --runtime auto will run instead."""
-    from ner.inference.auto_runtime import choose, this_cpu_class
+    from ner.inference.options import choose, this_cpu_class
     from ner.train import main as train_main
     from tests.conftest import tiny_args
 

@@ -72,8 +72,7 @@ def runtime_to_resume(args: argparse.Namespace) -> str:
     """--runtime auto resuming a run: the runtime its finished parts were tagged with, so that a resume never mixes
     runtimes (a further export since would make auto choose another); refused where that runtime cannot run here
     now. An explicit --runtime is the user's: a different one is refused as any changed setting is (prepare)."""
-    from ner.inference.auto_runtime import missing
-    from ner.inference.options import AUTO_RUNTIME
+    from ner.inference.options import AUTO_RUNTIME, missing
 
     saved = None if args.runtime != AUTO_RUNTIME or args.overwrite else read_whole_record(
         args.output_dir, CORPUS_TOOL, MANIFEST)

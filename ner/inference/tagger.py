@@ -29,7 +29,6 @@ from ner.data.tags import scheme_of_labels
 from ner.data.text import Word, split_words
 from ner.data.tokenizer import load_tokenizer
 from ner.errors import UserError
-from ner.inference.auto_runtime import resolve_runtime
 from ner.inference.decode import Decoder
 from ner.inference.entities import drop_below, entities
 from ner.inference.model_folder import ModelSettings, max_positions, model_labels, read_model_json
@@ -40,6 +39,7 @@ from ner.inference.options import (
     check_max_seq_length,
     inference_budget,
     parse_min_score,
+    resolve_runtime,
 )
 from ner.inference.runtime import OnnxRuntime, TorchRuntime, onnx_device_type, runtime_path
 

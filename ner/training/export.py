@@ -248,7 +248,7 @@ def export_fast_runtimes(source: Path, out_dir: Path, calibrate: list[Example], 
 
 
 def fast_runtimes_report(model_dir: Path, refused: dict[str, str]) -> str:
-    from ner.inference.auto_runtime import CPU_CLASS_HELP, choose, device_class_of
+    from ner.inference.options import CPU_CLASS_HELP, choose, device_class_of
 
     written = sorted({name for runtime in FAST_RUNTIMES if runtime not in refused for name in RUNTIME_FILES[runtime]})
     lines = [f"{FAST_RUNTIMES_FLAG}: wrote {', '.join(written) or 'no runtime file'} into {model_dir}"]

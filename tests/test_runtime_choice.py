@@ -9,9 +9,19 @@ from pathlib import Path
 
 import pytest
 
-from ner.inference import auto_runtime
-from ner.inference.auto_runtime import RUNTIME_ORDER, choose, cpu_class, cpu_flags, resolve_runtime
-from ner.inference.options import AUTO_RUNTIME, FAST_RUNTIMES_FLAG, RUNTIME_CHOICES, RUNTIME_FILES, RUNTIMES
+from ner.inference import options
+from ner.inference.options import (
+    AUTO_RUNTIME,
+    FAST_RUNTIMES_FLAG,
+    RUNTIME_CHOICES,
+    RUNTIME_FILES,
+    RUNTIME_ORDER,
+    RUNTIMES,
+    choose,
+    cpu_class,
+    cpu_flags,
+    resolve_runtime,
+)
 
 # /proc/cpuinfo's flags of each class, trimmed to what decides
 FLAGS = {
@@ -93,7 +103,7 @@ def test_a_runtime_whose_package_is_missing_is_passed_over_with_its_install_line
 
 def test_the_log_line_says_what_why_and_which_export_would_be_faster(tmp_path, monkeypatch, caplog):
     folder = folder_with(tmp_path, ("onnx",))
-    monkeypatch.setattr(auto_runtime, "this_cpu_class", lambda: "avx2")
+    monkeypatch.setattr(options, "this_cpu_class", lambda: "avx2")
     with caplog.at_level(logging.INFO, logger="ner"):
         assert resolve_runtime(AUTO_RUNTIME, folder, "cpu") == "openvino"
     [line] = [r.getMessage() for r in caplog.records if "--runtime auto" in r.getMessage()]
@@ -105,7 +115,7 @@ def test_the_log_line_says_what_why_and_which_export_would_be_faster(tmp_path, m
 
 def test_an_explicit_runtime_always_wins_and_says_nothing(tmp_path, monkeypatch, caplog):
     folder = folder_with(tmp_path, RUNTIMES)
-    monkeypatch.setattr(auto_runtime, "this_cpu_class", lambda: "avx2")
+    monkeypatch.setattr(options, "this_cpu_class", lambda: "avx2")
     with caplog.at_level(logging.INFO, logger="ner"):
         for runtime in RUNTIMES:
             assert resolve_runtime(runtime, folder, "cpu") == runtime
@@ -114,7 +124,7 @@ def test_an_explicit_runtime_always_wins_and_says_nothing(tmp_path, monkeypatch,
 
 def test_a_gpu_device_picks_torch_and_a_cpu_device_its_class(tmp_path, monkeypatch):
     folder = folder_with(tmp_path, RUNTIMES)
-    monkeypatch.setattr(auto_runtime, "this_cpu_class", lambda: "avx2")
+    monkeypatch.setattr(options, "this_cpu_class", lambda: "avx2")
     assert resolve_runtime(AUTO_RUNTIME, folder, "cuda:1") == "torch"
     assert resolve_runtime(AUTO_RUNTIME, folder, "cpu") == "onnx-int8"
 
@@ -136,7 +146,7 @@ def test_a_tagger_runs_what_auto_picked_and_a_swap_keeps_it(random_model, tmp_pa
     folder = tmp_path / "final"
     shutil.copytree(random_model, folder)
     for device_class in ("avx2", "amx"):
-        monkeypatch.setattr(auto_runtime, "this_cpu_class", lambda device_class=device_class: device_class)
+        monkeypatch.setattr(options, "this_cpu_class", lambda device_class=device_class: device_class)
         tagger = Tagger(folder, runtime=AUTO_RUNTIME, device="cpu")
         assert tagger.runtime_name == "torch" and tagger.options["runtime"] == "torch"
         assert tagger.like(folder).runtime_name == "torch"

@@ -150,3 +150,15 @@ def test_a_tagger_runs_what_auto_picked_and_a_swap_keeps_it(random_model, tmp_pa
         tagger = Tagger(folder, runtime=AUTO_RUNTIME, device="cpu")
         assert tagger.runtime_name == "torch" and tagger.options["runtime"] == "torch"
         assert tagger.like(folder).runtime_name == "torch"
+
+
+def test_ner_predict_says_on_stderr_what_auto_picked(random_model, tmp_path, capsys):
+    from ner.predict import main as predict_main
+
+    texts = tmp_path / "texts.txt"
+    texts.write_text("Ada Lovelace visited London .\n", encoding="utf-8")
+    assert predict_main([str(random_model), str(texts)]) == 0
+    said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("--runtime auto:")]
+    assert len(said) == 1 and said[0].startswith("--runtime auto: torch (")
+    assert predict_main([str(random_model), str(texts), "--quiet", "--runtime", "torch"]) == 0
+    assert "--runtime auto" not in capsys.readouterr().err

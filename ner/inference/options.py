@@ -294,8 +294,10 @@ def resolve_runtime(runtime: str, model_dir: Path, device: str | None = None) ->
 
 def show_choice_on_stderr(quiet: bool = False) -> None:
     """For the commands that tag (ner.predict, ner.evaluate): ner's own INFO lines, auto's choice among them, on
-    stderr, once per job (rank 0); other libraries stay at warnings. `quiet`: warnings only."""
+    stderr, once per job (rank 0); other libraries stay at warnings. `quiet`: logging is left as it was."""
     from ner.errors import log_to_stderr, process_rank_from_env
 
+    if quiet or process_rank_from_env() != 0:
+        return
     log_to_stderr(logging.WARNING, "%(message)s")
-    logging.getLogger("ner").setLevel(logging.INFO if not quiet and process_rank_from_env() == 0 else logging.WARNING)
+    logging.getLogger("ner").setLevel(logging.INFO)

@@ -10,11 +10,10 @@
 
 The folder holds model.safetensors, config.json (with id2label / label2id), the tokenizer,
 training_args.json, metrics.json and a README.md model card (with --onnx: model.onnx and
-model.int8.onnx for `--runtime onnx|onnx-int8`, ner/inference/onnx_export.py). --export-int8 writes every file a
-runtime reads (model.onnx, model.int8.onnx, OpenVINO's static model.int8.xml calibrated on the training text), so
-that `--runtime auto` can pick the fastest for the CPU it runs on; a file its check refuses is left out and named,
-the others kept, and the export still succeeds. It is written beside its final
-name and renamed into place, so a crash never leaves half an export. OUT must be new, empty, or (with
+model.int8.onnx for `--runtime onnx|onnx-int8`, ner/inference/onnx_export.py; --export-int8: every file a runtime
+reads, model.int8.xml too, so that `--runtime auto` can pick the fastest for the CPU it runs on, where a file its
+check refuses is left out and named, the others kept, and the export still succeeds). The folder is written beside
+its final name and renamed into place, so a crash never leaves half an export. OUT must be new, empty, or (with
 --overwrite) a model folder this tool exported; a folder of anything else is refused, never replaced.
 Replacing an export replaces only the files an export wrote (recorded with their SHA-256 in OUT/.ner-record.json):
 everything else in OUT (a model repository's .git/, your notes) stays, carried into the new folder as hard links.

@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ner.errors import UserError
+from ner.errors import UserError, log_to_stderr, process_rank_from_env
 from ner.inference.decode import DECODERS
 
 log = logging.getLogger("ner")
@@ -181,7 +181,7 @@ RUNTIME_ORDER: dict[str, tuple[tuple[str, str], ...]] = {
         ("openvino-int8", "reasoned: OpenVINO's Arm plugin is not measured")),
     "gpu": (
         ("torch", "the GPU budgets of docs/performance.md; onnxruntime's CUDA provider is not measured"),
-        ("onnx", "not measured on a GPU"), ("onnx-int8", "not measured on a GPU: its int8 kernels run on the CPU"),
+        ("onnx", "not measured on a GPU"), ("onnx-int8", "not measured on a GPU"),
         ("openvino", "CPU only"), ("openvino-int8", "CPU only")),
 }
 CPU_CLASS_HELP = {"amx": "AMX (amx_bf16)", "avx512-vnni-bf16": "AVX-512 VNNI and BF16, no AMX",
@@ -295,8 +295,6 @@ def resolve_runtime(runtime: str, model_dir: Path, device: str | None = None) ->
 def show_choice_on_stderr(quiet: bool = False) -> None:
     """For the commands that tag (ner.predict, ner.evaluate): ner's own INFO lines, auto's choice among them, on
     stderr, once per job (rank 0); other libraries stay at warnings. `quiet`: logging is left as it was."""
-    from ner.errors import log_to_stderr, process_rank_from_env
-
     if quiet or process_rank_from_env() != 0:
         return
     log_to_stderr(logging.WARNING, "%(message)s")

@@ -162,3 +162,10 @@ def test_ner_predict_says_on_stderr_what_auto_picked(random_model, tmp_path, cap
     assert len(said) == 1 and said[0].startswith("--runtime auto: torch (")
     assert predict_main([str(random_model), str(texts), "--quiet", "--runtime", "torch"]) == 0
     assert "--runtime auto" not in capsys.readouterr().err
+
+
+def test_the_flag_that_writes_every_runtimes_files_is_one_name_on_both_commands():
+    """ner.train's flag comes from TrainConfig.export_int8, ner.export's from FAST_RUNTIMES_FLAG: the same name."""
+    from ner.training.config import build_parser as train_parser
+
+    assert train_parser().parse_args([FAST_RUNTIMES_FLAG]).export_int8 is True

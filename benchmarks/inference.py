@@ -1,7 +1,6 @@
-"""Raw-text tagging speed, memory and F1 per runtime: transformers' pipeline, torch, onnx, onnx-int8, openvino(-int8).
+"""Raw-text tagging speed, memory and F1 per runtime: transformers' pipeline, auto, torch, onnx(-int8), openvino(-int8).
 
-    python -m ner.export runs/final runs/final_onnx --onnx --quantize int8 \
-        --calibrate ../shared/data/conll2003/train.txt
+    python -m ner.export runs/final runs/final_onnx --export-int8 --calibrate ../shared/data/conll2003/train.txt
     python -m benchmarks.inference runs/final_onnx ../shared/data/conll2003/train.txt   # speed
     python -m benchmarks.inference runs/final_onnx ../shared/data/conll2003/valid.txt   # F1
 
@@ -9,7 +8,9 @@ Every CoNLL sentence is detokenised into one text (scripts/raw_text_f1.py's deto
 them in its own process (run_measured: peak RSS), after a warm-up on the first 32 texts. Rows:
 `transformers.pipeline("token-classification", aggregation_strategy="simple", batch_size=32)` on the
 same folder, and Tagger.predict (ner's one inference path: windows, context, Viterbi) with
-`--runtime torch` (bf16 autocast where the CPU supports it, as ner.predict), `onnx` and `onnx-int8`.
+`--runtime auto` (what ner.predict runs by default: the row names the runtime it resolved to), `torch` (bf16
+autocast where the CPU supports it, as ner.predict), `onnx`, `onnx-int8`, `openvino` and `openvino-int8`. Every row
+names the CPU class it ran on (inference/options.py's cpu_class: the key of --runtime auto's table).
 "whole process" divides by the process's wall time: imports, model loading, warm-up and tagging.
 F1: exact character spans against the gold entities. MFU: forward FLOPs of the texts (each text's subword
 count from the export's tokenizer; measure.inference_flops) per second of tagging, against the matmul peak of
@@ -28,9 +29,10 @@ from pathlib import Path
 
 from benchmarks.measure import inference_flops, int8_matmul_peak, measure_peak_flops, model_shape, run_measured
 from ner.data.conll import read_conll
+from ner.inference.options import AUTO_RUNTIME, RUNTIME_CHOICES, choose, this_cpu_class
 from scripts.raw_text_f1 import detokenize, prf
 
-ROWS = ("pipeline", "torch", "onnx", "onnx-int8", "openvino", "openvino-int8")
+ROWS = ("pipeline", *RUNTIME_CHOICES)
 # torch and openvino: what ner.predict's auto resolves to (bf16 where the CPU has it)
 PRECISION = {"pipeline": "fp32", "onnx": "fp32", "onnx-int8": "int8", "openvino-int8": "int8"}
 ROOT = Path(__file__).resolve().parents[1]
@@ -88,15 +90,22 @@ def print_mfu(model_dir: Path, conll: Path, limit: int | None, seconds: dict[str
     threads = torch.get_num_threads()
     auto = "bf16" if resolve_precision("auto", torch.device("cpu")) == "bf16" else "fp32"
     precision = {**PRECISION, "torch": auto, "openvino": auto}
+    precision[AUTO_RUNTIME] = precision[choose(this_cpu_class(), model_dir).runtime]
     peaks = {f"{k[:-len('_flops_per_s')]}": v for k, v in measure_peak_flops(torch.device("cpu"), threads).items()
              if not k.endswith("_wall_flops_per_s")}
     peaks["int8"] = int8_matmul_peak(threads)
     print(f"\n{sum(lengths):,} subword tokens, {flops / 1e12:.2f} TFLOP forward; peaks on {threads} threads: "
           + ", ".join(f"{name} {peak / 1e12:.2f} T/s" for name, peak in peaks.items()))
-    print("| runtime | precision | TFLOP/s (tagging) | MFU |\n|---|---|---:|---:|")
+    print("| runtime | CPU class | precision | TFLOP/s (tagging) | MFU |\n|---|---|---|---:|---:|")
     for row, s in seconds.items():
         achieved = flops / s
-        print(f"| {row} | {precision[row]} | {achieved / 1e12:.3f} | {achieved / peaks[precision[row]]:.1%} |")
+        print(f"| {row_name(row, model_dir)} | {this_cpu_class()} | {precision[row]} | {achieved / 1e12:.3f} | "
+              f"{achieved / peaks[precision[row]]:.1%} |")
+
+
+def row_name(row: str, model_dir: Path) -> str:
+    """auto names the runtime it resolves to on this CPU."""
+    return f"{row} ({choose(this_cpu_class(), model_dir).runtime})" if row == AUTO_RUNTIME else row
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -113,8 +122,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         child(args.child, args.model_dir, args.conll, args.limit, args.result, args.max_tokens)
         return 0
-    print("| runtime | sentences/s (tagging) | sentences/s (whole process) | words/s (tagging) | peak RSS (MiB) | "
-          "entity F1 (char spans) |\n|---|---:|---:|---:|---:|---:|")
+    print("| runtime | CPU class | sentences/s (tagging) | sentences/s (whole process) | vs pipeline (process) | "
+          "words/s (tagging) | peak RSS (MiB) | entity F1 (char spans) |\n|---|---|---:|---:|---:|---:|---:|---:|")
+    baseline = None
     rates = {}
     with tempfile.TemporaryDirectory() as folder:
         for row in args.rows:
@@ -127,7 +137,10 @@ def main(argv: list[str] | None = None) -> int:
             r = json.loads(out.read_text())
             rates[row] = r["seconds"]
             process_rate = r["sentences"] / measured["wall_s"]  # imports, loading, warm-up and tagging
-            print(f"| {row} | {r['sentences_per_s']:.0f} | {process_rate:.0f} | {r['words_per_s']:.0f} | "
+            baseline = process_rate if row == "pipeline" else baseline
+            ratio = f"{process_rate / baseline:.2f}x" if baseline else ""
+            print(f"| {row_name(row, args.model_dir)} | {this_cpu_class()} | {r['sentences_per_s']:.0f} | "
+                  f"{process_rate:.0f} | {ratio} | {r['words_per_s']:.0f} | "
                   f"{measured['peak_rss_bytes'] / 2**20:.0f} | {r['f1'] * 100:.2f} |", flush=True)
     print_mfu(args.model_dir, args.conll, args.limit, rates)
     return 0

@@ -32,7 +32,7 @@ from ner.data.formats import read_examples
 from ner.data.tags import check_known_labels
 from ner.errors import UserError, cli
 from ner.inference.analysis import Match, Span, analyse, format_analysis, match_entities
-from ner.inference.options import add_inference_arguments
+from ner.inference.options import add_inference_arguments, show_choice_on_stderr
 from ner.metrics import entity_scores, get_entities, seqeval_kwargs
 from ner.training.config import add_data_arguments
 
@@ -126,6 +126,7 @@ def check_arguments(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     check_arguments(args)
+    show_choice_on_stderr()
     from ner.inference.tagger import Tagger  # after the cheap checks: loading torch + transformers takes seconds
 
     tagger = Tagger.from_args(args)

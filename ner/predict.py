@@ -46,7 +46,7 @@ from ner.data.text import split_whitespace
 from ner.errors import UserError, cli
 from ner.inference.entities import entities, word_positions
 from ner.inference.model_folder import model_version
-from ner.inference.options import add_inference_arguments
+from ner.inference.options import add_inference_arguments, show_choice_on_stderr
 from ner.inference.tagger import Tagger
 
 RAW_HELP = ("raw text (the default): each line is one text; entities carry character offsets "
@@ -150,6 +150,7 @@ def predict_raw(tagger: Tagger, args: argparse.Namespace, progress) -> int:
 @cli
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    show_choice_on_stderr(args.quiet)
     if args.output_dir is not None:
         return tag_corpus(args)
     if len(args.inputs) > 1:

@@ -366,10 +366,45 @@ def test_a_manifest_of_another_runtime_or_device_is_refused_naming_them(random_m
     manifest["computation"].update(runtime="onnx", device="gpu", threads=None)
     (out / "manifest.json").write_text(json.dumps(manifest))
     capsys.readouterr()
-    assert tag(random_model, out, corpus["first"]) == 2
+    assert tag(random_model, out, corpus["first"], extra=("--runtime", "torch")) == 2  # an explicit change
     err = capsys.readouterr().err
     assert "runtime: 'onnx' before, 'torch' now" in err and "device: 'gpu' before, 'cpu' now" in err
     assert "threads: None before" in err and "(--runtime onnx, a gpu device)" in err
+
+
+def test_an_auto_resume_keeps_the_runtime_its_parts_were_tagged_with(random_model, corpus, tmp_path, monkeypatch):
+    """A further export between the runs would make auto pick another runtime (here: a model.onnx on a CPU whose
+    order puts it before torch); the resume keeps the recorded one and writes the same bytes. The file's contents
+    are no model: loading it would fail."""
+    from ner.inference import options
+    from ner.inference.options import RUNTIME_FILES
+
+    model, out, extra = tmp_path / "model", tmp_path / "out", ("--chunk-texts", "4", "--merge")
+    shutil.copytree(random_model, model)
+    monkeypatch.setattr(options, "this_cpu_class", lambda: "avx2")
+    assert tag(model, out, corpus["first"], corpus["second"], extra=extra) == 0
+    reference = folder_bytes(out)
+    assert json.loads((out / "manifest.json").read_text())["computation"]["runtime"] == "torch"
+    (out / "part-00001.jsonl").unlink()
+    (model / RUNTIME_FILES["onnx"][0]).write_bytes(b"a further export")
+    assert options.choose("avx2", model).runtime != "torch"
+    assert tag(model, out, corpus["first"], corpus["second"], extra=extra) == 0
+    assert folder_bytes(out) == reference
+
+
+def test_an_auto_resume_whose_runtime_cannot_run_any_more_is_refused(random_model, corpus, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert tag(random_model, out, corpus["first"]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["computation"]["runtime"] = "onnx-int8"  # as auto would have recorded it, the files since removed
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    before = folder_bytes(out)
+    capsys.readouterr()
+    assert tag(random_model, out, corpus["first"]) == 2
+    err = capsys.readouterr().err
+    assert f"{out}: its parts were tagged with --runtime onnx-int8 (what auto chose then), which cannot run here " \
+           "now (" in err and "--overwrite" in err
+    assert folder_bytes(out) == before
 
 
 def test_a_manifest_from_before_the_computation_was_recorded_is_refused(random_model, corpus, tmp_path, capsys):

@@ -129,7 +129,7 @@ def test_a_failing_export_keeps_the_old_one_whole(export, tmp_path, monkeypatch,
     assert export_main([str(export), str(out)]) == 0
     before = snapshot(out)
 
-    def broken(folder, quantize=None, calibrate=None):
+    def broken(folder, quantize=None, calibrate=None, refused=None):
         (folder / "model.onnx").write_bytes(b"half a graph")
         raise UserError("ONNX export differs from PyTorch")
 
@@ -141,7 +141,7 @@ def test_a_failing_export_keeps_the_old_one_whole(export, tmp_path, monkeypatch,
 
 
 def test_export_in_place_adds_onnx_without_overwrite(export, monkeypatch):
-    def fake(folder, quantize=None, calibrate=None):
+    def fake(folder, quantize=None, calibrate=None, refused=None):
         (folder / "model.onnx").write_bytes(b"graph")
         return {"max_logit_diff": 0.0}
 
@@ -181,7 +181,7 @@ def test_a_readme_of_yours_in_an_export_is_replaced_only_with_overwrite_and_name
     assert export_main([str(checkpoint), str(out)]) == 2  # an export is replaced only with --overwrite at all
     assert "already holds an exported model" in one_error_line(capsys)
 
-    def fake_onnx(folder, quantize=None, calibrate=None):
+    def fake_onnx(folder, quantize=None, calibrate=None, refused=None):
         (folder / "model.onnx").write_bytes(b"graph")
         return {"max_logit_diff": 0.0}
 

@@ -20,6 +20,7 @@ from ner.evaluate import main as evaluate_main  # noqa: E402
 from ner.export import main as export_main  # noqa: E402
 from ner.inference import onnx_export as export_onnx  # noqa: E402
 from ner.inference import runtime as runtimes  # noqa: E402
+from ner.inference.options import FAST_RUNTIMES_COMMAND  # noqa: E402
 from ner.inference.tagger import Tagger  # noqa: E402
 from ner.predict import main as predict_main  # noqa: E402
 from ner.serve import build_parser as serve_parser  # noqa: E402
@@ -79,6 +80,20 @@ def test_predict_runtime_flag_reaches_the_runtime(exported, tiny_data, capsys):
     assert serve_parser().parse_args([str(exported), "--runtime", "onnx-int8"]).runtime == "onnx-int8"
 
 
+def test_predict_with_no_runtime_runs_what_auto_picks_for_the_cpu_class(exported, tiny_data, monkeypatch, capsys):
+    """An export with model.onnx and model.int8.onnx on an AVX2-only CPU: auto is per-token int8, the measured
+    fastest there, and tags as --runtime onnx-int8 does."""
+    from ner.inference import options
+
+    monkeypatch.setattr(options, "this_cpu_class", lambda: "avx2")
+    assert options.choose("avx2", exported).runtime == "onnx-int8"
+    outputs = {}
+    for runtime in ((), ("--runtime", "onnx-int8")):
+        assert predict_main([str(exported), str(tiny_data["test"]), "--conll", "--quiet", *runtime]) == 0
+        outputs[runtime] = capsys.readouterr().out
+    assert outputs[()] == outputs[("--runtime", "onnx-int8")] and outputs[()].count("\n") == 11
+
+
 def one_line_error(capsys) -> str:
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "\n" not in err and "Traceback" not in err
@@ -88,7 +103,7 @@ def one_line_error(capsys) -> str:
 def test_missing_onnx_file_names_the_export_command(random_model, tiny_data, capsys):
     assert predict_main([str(random_model), str(tiny_data["test"]), "--conll", "--runtime", "onnx-int8"]) == 2
     err = one_line_error(capsys)
-    assert "model.int8.onnx: not found" in err and "python -m ner.export MODEL_DIR OUT --onnx --quantize int8" in err
+    assert "model.int8.onnx: not found" in err and FAST_RUNTIMES_COMMAND.format(model="MODEL_DIR") in err
 
 
 @pytest.mark.parametrize("main", [predict_main, evaluate_main], ids=["predict", "evaluate"])

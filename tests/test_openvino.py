@@ -16,8 +16,9 @@ from ner.data.conll import read_conll  # noqa: E402
 from ner.data.examples import Example
 from ner.export import main as export_main  # noqa: E402
 from ner.inference import onnx_export  # noqa: E402
-from ner.inference.options import RUNTIMES  # noqa: E402
+from ner.inference.options import FAST_RUNTIMES_COMMAND, FAST_RUNTIMES_FLAG, RUNTIME_FILES, RUNTIMES  # noqa: E402
 from ner.inference.tagger import Tagger  # noqa: E402
+from ner.training.export import FAST_RUNTIMES  # noqa: E402
 from tests.conftest import fitted_export, python_module, torch_threads  # noqa: E402
 from tests.test_batch_independence import SENTENCES, RanInFp32, say_when_fp32, tagged_alone_and_mixed  # noqa: E402
 from tests.test_onnx import NO_TORCH, SERVE_ONCE, run_without_torch  # noqa: E402
@@ -163,6 +164,56 @@ def test_a_static_model_that_fails_its_gate_leaves_nothing(exported, tiny_data, 
     assert not out.exists()
 
 
+def test_export_int8_writes_every_runtimes_files_and_says_what_auto_picks(exported, tiny_data, tmp_path, capsys):
+    """One flag on ner.export: the fp32 ONNX, the per-token int8 and OpenVINO's static int8, each past its gate,
+    recorded as the export's own; the report names them and what --runtime auto runs here."""
+    from ner.inference.options import choose, this_cpu_class
+
+    out = tmp_path / "fast"
+    assert export_main([str(exported), str(out), FAST_RUNTIMES_FLAG, "--calibrate", str(tiny_data["train"])]) == 0
+    names = sorted({name for runtime in FAST_RUNTIMES for name in RUNTIME_FILES[runtime]})
+    assert set(names) <= set(json.loads((out / ".ner-record.json").read_text())["files"])
+    err = capsys.readouterr().err
+    assert f"{FAST_RUNTIMES_FLAG}: wrote {', '.join(names)} into {out}" in err and "refused" not in err
+    assert f"python -m ner.predict will run --runtime {choose(this_cpu_class(), out).runtime} on this machine" in err
+
+
+def test_export_int8_keeps_the_files_whose_gate_passes_and_names_the_refused(exported, tiny_data, tmp_path,
+                                                                             monkeypatch, capsys):
+    """The static model's gate refuses it: model.onnx and model.int8.onnx are kept, the export succeeds, and the
+    refusal is named with the gate's reason."""
+    checked = onnx_export.check_int8
+
+    def strict_for_static(run, batches, references, outside, *what):
+        if what:  # the static model's gate names itself; model.int8.onnx's does not
+            monkeypatch.setattr(onnx_export, "MIN_INT8_WORD_AGREEMENT", 1.01)
+        return checked(run, batches, references, outside, *what)
+
+    monkeypatch.setattr(onnx_export, "check_int8", strict_for_static)
+    out = tmp_path / "partly"
+    assert export_main([str(exported), str(out), FAST_RUNTIMES_FLAG, "--calibrate", str(tiny_data["train"])]) == 0
+    kept = {name for runtime in ("onnx", "onnx-int8") for name in RUNTIME_FILES[runtime]}
+    assert kept <= {p.name for p in out.iterdir()} and not (out / RUNTIME_FILES["openvino-int8"][0]).exists()
+    assert kept <= set(json.loads((out / ".ner-record.json").read_text())["files"])
+    err = capsys.readouterr().err
+    assert f"{FAST_RUNTIMES_FLAG}: refused model.int8.bin, model.int8.xml (--runtime openvino-int8): static int8 " \
+           "OpenVINO model agrees with PyTorch on" in err
+
+
+def test_export_int8_calibrates_on_the_recorded_training_file_or_asks_for_one(exported, tiny_data, tmp_path,
+                                                                              capsys):
+    source = tmp_path / "source"
+    shutil.copytree(exported, source)
+    args = json.loads((source / "training_args.json").read_text())
+    (source / "training_args.json").write_text(json.dumps({**args, "train_file": str(tmp_path / "gone.conll")}))
+    assert export_main([str(source), str(tmp_path / "o"), FAST_RUNTIMES_FLAG]) == 2
+    assert f"pass --calibrate TRAIN_FILE (the model's training record names {tmp_path / 'gone.conll'}, not found " \
+           "here)" in one_line_error(capsys) and not (tmp_path / "o").exists()
+    (source / "training_args.json").write_text(json.dumps({**args, "train_file": str(tiny_data["train"])}))
+    assert export_main([str(source), str(source), FAST_RUNTIMES_FLAG]) == 0  # in place, on the recorded file
+    assert (source / RUNTIME_FILES["openvino-int8"][0]).is_file()
+
+
 def test_calibrate_needs_quantize_and_a_missing_file_names_the_export(exported, tmp_path, capsys):
     assert export_main([str(exported), str(tmp_path / "o"), "--onnx", "--calibrate", "x.conll"]) != 0
     assert "--quantize int8" in one_line_error(capsys)
@@ -174,8 +225,9 @@ def test_calibrate_needs_quantize_and_a_missing_file_names_the_export(exported, 
     with pytest.raises(Exception, match="model.int8.xml: not found.*--calibrate"):
         Tagger(bare, runtime="openvino-int8")
     (bare / "model.onnx").unlink()
-    with pytest.raises(Exception, match=r"model.onnx: not found.*--quantize int8$"):  # no calibration needed for it
+    with pytest.raises(Exception, match="model.onnx: not found") as refused:  # the one command for every file
         Tagger(bare, runtime="openvino")
+    assert str(refused.value).endswith(FAST_RUNTIMES_COMMAND.format(model="MODEL_DIR"))
 
 
 @pytest.mark.parametrize("runtime", ["openvino", "openvino-int8"])
@@ -232,6 +284,29 @@ def test_a_run_with_export_int8_ends_with_every_runtimes_files_calibrated_on_its
         tags = [t for tags in Tagger(final, runtime=runtime).tag(examples)[0] for t in tags]
         agreement = sum(a == b for a, b in zip(tags, torch_tags, strict=True)) / len(torch_tags)
         assert agreement >= onnx_export.MIN_INT8_WORD_AGREEMENT, (runtime, agreement)
+
+
+def test_a_run_whose_int8_gates_refuse_ends_finished_with_its_model_and_names_the_refusals(tiny_bert, tiny_data,
+                                                                                           tmp_path, monkeypatch,
+                                                                                           capsys):
+    """Every int8 gate refuses (a threshold no file meets): the run still exits 0 with final/ whole, model.onnx kept,
+    no int8 file, and the summary names each refusal and what --runtime auto will run instead."""
+    from ner.inference.options import choose, this_cpu_class
+    from ner.train import main as train_main
+    from tests.conftest import tiny_args
+
+    monkeypatch.setattr(onnx_export, "MIN_INT8_WORD_AGREEMENT", 1.01)
+    out = tmp_path / "run"
+    assert train_main(tiny_args(tiny_bert, tiny_data, out, "--num-epochs", "1", FAST_RUNTIMES_FLAG)) == 0
+    final = out / "final"
+    present = {p.name for p in final.iterdir()}
+    assert {"model.safetensors", "metrics.json", *RUNTIME_FILES["onnx"]} <= present
+    assert not {name for runtime in ("onnx-int8", "openvino-int8") for name in RUNTIME_FILES[runtime]} & present
+    said = capsys.readouterr().out
+    assert f"{FAST_RUNTIMES_FLAG}: refused model.int8.onnx (--runtime onnx-int8): int8 ONNX model agrees" in said
+    assert f"{FAST_RUNTIMES_FLAG}: refused model.int8.bin, model.int8.xml (--runtime openvino-int8): static" in said
+    assert f"python -m ner.predict will run --runtime {choose(this_cpu_class(), final).runtime} on this" in said
+    assert f"Model ready: {final}" in said
 
 
 def test_export_int8_without_openvino_is_refused_before_training(monkeypatch):

@@ -330,3 +330,30 @@ def test_overwrite_output_dir_refused_on_rank_0_stops_every_rank(tmp_path, monke
     assert all(isinstance(outcome, UserError) for outcome in outcomes), outcomes
     assert f"({out / 'predictions' / 'mine.txt'}); nothing was removed" in str(outcomes[0])
     assert sorted(p.name for p in out.rglob("*")) == ["metrics.jsonl", "mine.txt", "predictions", "validation.conll"]
+
+
+def test_no_rank_waits_through_the_end_of_runs_export_of_every_runtimes_files(tmp_path, monkeypatch):
+    """--export-int8 calibrates and gates for minutes on a large model: rank 0 does it after the last barrier, so
+    the other ranks have left finish() (and are never held past --dist-timeout) while it runs. Before, rank 0
+    calibrated before the barrier: rank 1 waited there, and this test's wait for it to leave timed out."""
+    ranks, rank_1_left, seen = TwoRanks(), threading.Event(), {}
+
+    def export_fast_runtimes(source, out_dir, calibrate, overwrite=False):
+        seen["rank 1 had left"] = rank_1_left.wait(timeout=20)
+        return "--export-int8: wrote model.onnx"
+
+    monkeypatch.setattr(run_module, "score_final_model", lambda *a: ({"validation": {"f1": 0.5}}, tmp_path, True))
+    monkeypatch.setattr(run_module, "export_checkpoint", lambda *a, **k: None)
+    monkeypatch.setattr(run_module, "export_fast_runtimes", export_fast_runtimes)
+    cfg = SimpleNamespace(output_path=tmp_path, export_int8=True, test_file=None)
+    state = SimpleNamespace(eval_history=[{"step": 5}], global_step=5)
+    data = SimpleNamespace(splits=SimpleNamespace(train=[]))
+
+    def work(backend):
+        metrics = run_module.finish(cfg, backend, None, data, state, None)
+        if backend.process_index == 1:
+            rank_1_left.set()
+        return metrics
+
+    assert ranks.run(work) == [{"validation": {"f1": 0.5}}] * 2
+    assert seen == {"rank 1 had left": True}

@@ -7,6 +7,7 @@ before anyone writes.
 from __future__ import annotations
 
 import argparse
+import logging
 from pathlib import Path
 
 from ner.corpus.inputs import Source, count_texts
@@ -14,6 +15,9 @@ from ner.corpus.plan import MERGED, Plan, chunk_texts_for, finished_chunks, part
 from ner.data.examples import Example
 from ner.errors import UserError
 from ner.files import read_whole_record, sha256_file, temporary_of, write_record
+from ner.inference.options import RUNTIME_FILES
+
+log = logging.getLogger("ner")
 
 MANIFEST = "manifest.json"
 CORPUS_TOOL = "ner.predict"
@@ -28,8 +32,6 @@ def file_identity(path: Path) -> dict:
 def model_identity(model_dir: Path, runtime: str) -> dict:
     """The files that decide the model's answers: weights, config, tokenizer, training_args.json. The model
     card (README.md) and the files only other runtimes read are left out."""
-    from ner.inference.options import RUNTIME_FILES
-
     if not (model_dir / "config.json").is_file():
         raise UserError(f"{model_dir}: not a model folder (no config.json); pass OUTPUT_DIR/final")
     unused = {name for names in RUNTIME_FILES.values() for name in names} - set(RUNTIME_FILES[runtime])
@@ -64,6 +66,26 @@ def intra_op_threads(runtime) -> int:
     if hasattr(runtime, "session"):
         return runtime.session.get_session_options().intra_op_num_threads
     return runtime.threads_per_forward
+
+
+def runtime_to_resume(args: argparse.Namespace) -> str:
+    """--runtime auto resuming a run: the runtime its finished parts were tagged with, so that a resume never mixes
+    runtimes (a further export since would make auto choose another); refused where that runtime cannot run here
+    now. An explicit --runtime is the user's: a different one is refused as any changed setting is (prepare)."""
+    from ner.inference.options import AUTO_RUNTIME, missing
+
+    saved = None if args.runtime != AUTO_RUNTIME or args.overwrite else read_whole_record(
+        args.output_dir, CORPUS_TOOL, MANIFEST)
+    old = ((saved or {}).get("computation") or {}).get("runtime")
+    if old is None:
+        return args.runtime
+    fix = missing(old, args.model_dir) if old in RUNTIME_FILES else "not a runtime this version knows"
+    if fix is not None:
+        raise UserError(f"{args.output_dir}: its parts were tagged with --runtime {old} (what auto chose then), "
+                        f"which cannot run here now ({fix}); make it runnable to resume, or pass --overwrite to "
+                        "start again")
+    log.info("--runtime auto: %s, the runtime the finished parts in %s were tagged with", old, args.output_dir)
+    return old
 
 
 def input_identity(sources: list[Source]) -> list[dict]:

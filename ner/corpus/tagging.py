@@ -13,12 +13,13 @@ copy on its own device. Chunk k is written whole or not at all (ner/files.py) as
 line per input text in input order, each with its "_source" (`file:line`, or `file#row` for parquet and
 datasets rows). OUT/manifest.json records the model (its files' SHA-256), the settings, how the numbers are
 computed (runtime, precision used, device type, CPU threads, decoding, window, batch budget) and the input
-(paths, sizes, modification times, texts per file). Rerunning the same command in the same environment skips
-finished parts and writes byte-identical output; anything the manifest pins that differs is refused, naming
-each difference and its old value (--overwrite removes what this tool wrote there and starts again); the
-number of processes is free. An error in any process reaches all of them and is printed once, by rank 0.
---merge: rank 0 concatenates the parts into OUT/predictions.jsonl once every part exists. OUT must be a
-folder every process (and node) sees.
+(paths, sizes, modification times, texts per file). The runtime is the one --runtime auto resolved to; a resume
+with auto keeps it (or is refused where it cannot run any more): a further export could make auto pick another.
+Rerunning the same command in the same environment skips finished parts and writes byte-identical output; anything
+the manifest pins that differs is refused, naming each difference and its old value (--overwrite removes what
+this tool wrote there and starts again); the number of processes is free. An error in any process reaches all of
+them and is printed once, by rank 0. --merge: rank 0 concatenates the parts into OUT/predictions.jsonl once every
+part exists. OUT must be a folder every process (and node) sees.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from pathlib import Path
 
 from ner.backends import inference_backend
 from ner.corpus.inputs import Source, Unit, expand_inputs, parse_unit
-from ner.corpus.manifest import computation, prepare
+from ner.corpus.manifest import computation, prepare, runtime_to_resume
 from ner.corpus.plan import (
     CHUNK_TEXTS_RANGE,
     CHUNKS_AIMED_FOR,
@@ -122,7 +123,9 @@ def load_tagger(args: argparse.Namespace, backend):
     from ner.inference.options import inference_budget
     from ner.inference.tagger import Tagger
 
+    args.runtime = runtime_to_resume(args)
     tagger = Tagger.from_args(args, device=None if backend.device is None else str(backend.device))
+    args.runtime = tagger.runtime_name  # what auto resolved to: the manifest pins it, and its files
     args.batch_size, args.max_tokens = inference_budget(tagger.runtime.device_type, args.batch_size,
                                                         args.max_tokens)
     return tagger

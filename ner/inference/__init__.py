@@ -4,7 +4,8 @@ ner.evaluate, ner.serve and corpus tagging. Imports data, backends and the share
     tagger.py       Tagger (load an exported model, tag words or raw text), the batched forward, windows -> words
     model_folder.py what an export says: how it was trained, its labels and length limit, its version
     entities.py     tagged words -> entities with scores, the --min-score filter
-    options.py      the inference options (--runtime, --max-seq-length, ...), per-device forward budgets
+    options.py      the inference options (--runtime, --max-seq-length, ...), per-device forward budgets, and the
+                    runtime --runtime auto picks by CPU class (one table of measurements)
     runtime.py      what computes the logits: PyTorch, or onnxruntime over model.onnx / model.int8.onnx
     openvino_runtime.py  OpenVINO over model.onnx (bf16 where the CPU has it) or the static model.int8.xml
     decode.py       per-word scores -> tags: argmax, or Viterbi over the sequences the scheme allows

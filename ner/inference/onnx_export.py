@@ -28,8 +28,8 @@ from ner.data.examples import Example
 from ner.errors import UserError
 from ner.files import staged_file
 from ner.inference.model_folder import ModelSettings
-from ner.inference.options import RUNTIME_FILES
-from ner.inference.runtime import onnx_session
+from ner.inference.options import RUNTIME_FILES, RUNTIMES
+from ner.inference.runtime import first_line, onnx_session
 
 MAX_LOGIT_DIFF = 1e-3
 # int8 noise flips words whose two best tags are close, and entity words are where that happens, so they
@@ -58,11 +58,12 @@ CHECK_SENTENCES = [
 CHECK_SHAPES = ((4, 0, 3), (9,))  # rows of CHECK_SENTENCES; each batch padded 3 tokens wider than its longest
 
 
-def write_onnx(model_dir: Path, quantize: str | None = None, calibrate: list[Example] | None = None
-               ) -> dict[str, float]:
+def write_onnx(model_dir: Path, quantize: str | None = None, calibrate: list[Example] | None = None,
+               refused: dict[str, str] | None = None) -> dict[str, float]:
     """model.onnx (and model.int8.onnx; with `calibrate` examples, OpenVINO's static int8 too) in `model_dir`,
     each kept only if it passes its check; the measured max |logit difference| (fp32) and argmax agreement on
-    words and entity words (int8) with PyTorch."""
+    words and entity words (int8) with PyTorch. `refused` (a dict): a file its gate refuses is recorded there
+    under each runtime that reads it, with the reason, and the others are still written; else the refusal is raised."""
     import transformers
     from transformers import AutoModelForTokenClassification, AutoTokenizer
 
@@ -75,17 +76,48 @@ def write_onnx(model_dir: Path, quantize: str | None = None, calibrate: list[Exa
     with torch.no_grad():
         references = [model(**{k: torch.from_numpy(v) for k, v in model_inputs(b).items()}).logits.numpy()
                       for b in batches]
-    with staged_file(model_dir / RUNTIME_FILES["onnx"][0]) as fp32:
-        export_graph(model, model_inputs(batches[0]), fp32)
-        measured = {"max_logit_diff": check_fp32(fp32, batches, references)}
-        if quantize == "int8":
-            with staged_file(model_dir / RUNTIME_FILES["onnx-int8"][0]) as int8:
-                quantize_int8(fp32, int8)
-                measured |= check_int8(lambda batch, path=int8: run_session(path, batch), batches, references,
-                                       outside_id(model.config.id2label))
-    if quantize == "int8" and calibrate is not None:
-        measured |= write_static_int8(model_dir, calibrate, batches, references, outside_id(model.config.id2label))
+    outside = outside_id(model.config.id2label)
+
+    def fp32_then_dynamic_int8() -> dict[str, float]:
+        with staged_file(model_dir / RUNTIME_FILES["onnx"][0]) as fp32:
+            export_graph(model, model_inputs(batches[0]), fp32)
+            measured = {"max_logit_diff": check_fp32(fp32, batches, references)}
+            if quantize == "int8":
+                measured |= gated(("onnx-int8",), refused, lambda: write_dynamic_int8(
+                    model_dir, fp32, batches, references, outside))
+        return measured
+
+    measured = gated(READS_MODEL_ONNX, refused, fp32_then_dynamic_int8)
+    if quantize == "int8" and calibrate is not None and "onnx" in (refused or {}):
+        refused["openvino-int8"] = f"made from {RUNTIME_FILES['onnx'][0]}, which was refused"
+    elif quantize == "int8" and calibrate is not None:
+        measured |= gated(("openvino-int8",), refused, lambda: write_static_int8(
+            model_dir, calibrate, batches, references, outside))
     return measured
+
+
+READS_MODEL_ONNX = tuple(runtime for runtime in RUNTIMES if RUNTIME_FILES[runtime] == RUNTIME_FILES["onnx"])
+
+
+def gated(runtimes: tuple[str, ...], refused: dict[str, str] | None, write) -> dict[str, float]:
+    """write()'s measurements; where `refused` is a dict, its failure (a gate's refusal, or an error of the writer:
+    the model itself is fine either way) is recorded there for each of `runtimes` instead of raised."""
+    if refused is None:
+        return write()
+    try:
+        return write()
+    except Exception as exc:  # a gate's UserError, or an exporter's or NNCF's own error types
+        reason = str(exc) if isinstance(exc, UserError) else f"{type(exc).__name__}: {first_line(exc)}"
+        refused.update(dict.fromkeys(runtimes, reason))
+        return {}
+
+
+def write_dynamic_int8(model_dir: Path, fp32: Path, batches: list[dict[str, np.ndarray]],
+                       references: list[np.ndarray], outside: int) -> dict[str, float]:
+    """model.int8.onnx from the staged fp32 file, kept only past its gate; the measured agreement."""
+    with staged_file(model_dir / RUNTIME_FILES["onnx-int8"][0]) as int8:
+        quantize_int8(fp32, int8)
+        return check_int8(lambda batch, path=int8: run_session(path, batch), batches, references, outside)
 
 
 def outside_id(id2label: dict[int, str]) -> int:

@@ -1,13 +1,26 @@
 """How an exported model is run: the inference options of ner.predict, ner.evaluate and ner.serve, the
-per-device forward budgets, and the defaults a model runs with where its training did not record them."""
+per-device forward budgets, the defaults a model runs with where its training did not record them, and the runtime
+--runtime auto picks for the device (from one table of measurements by CPU class).
+
+    python -m ner.predict runs/ner/final articles.txt                # auto: the log line says what and why
+    python -m ner.export runs/ner/final runs/ner/final --export-int8 --calibrate train.conll   # the files it may pick
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import logging
+import platform
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from ner.backends import BF16, NO_MIXED_PRECISION
-from ner.errors import UserError
+from ner.errors import UserError, log_to_stderr, process_rank_from_env
 from ner.inference.decode import DECODERS
+
+log = logging.getLogger("ner")
 
 # Defaults a model is run with where its training_args.json does not say (training's defaults too)
 MAX_SEQ_LENGTH = 128  # subword tokens per window incl. [CLS]/[SEP]
@@ -51,14 +64,20 @@ def inference_batch_limits(batch_size: int, max_tokens: int) -> tuple[int, int]:
 RUNTIME_FILES = {"torch": (), "onnx": ("model.onnx",), "onnx-int8": ("model.int8.onnx",),
                  "openvino": ("model.onnx",), "openvino-int8": ("model.int8.xml", "model.int8.bin")}
 RUNTIMES = tuple(RUNTIME_FILES)
+# --runtime's default: the fastest of RUNTIMES for the device that the export's files allow (resolve_runtime, below)
+AUTO_RUNTIME = "auto"
+RUNTIME_CHOICES = (AUTO_RUNTIME, *RUNTIMES)
+# The one flag (ner.export, ner.train; TrainConfig.export_int8) that writes every file a runtime of RUNTIMES reads
+# besides torch's: model.onnx, model.int8.onnx and OpenVINO's static model.int8.xml, each past its accuracy gate
+FAST_RUNTIMES_FLAG = "--export-int8"
+FAST_RUNTIMES_COMMAND = "python -m ner.export {model} {model} " + FAST_RUNTIMES_FLAG + " --calibrate TRAIN_FILE"
 
 
 # The ner.train flags that write each runtime's files into OUTPUT_DIR/final (checked against PyTorch, and calibrated
 # on the training data where the runtime needs it): Label Studio's retraining passes the served runtime's, so the
 # model it swaps in can be run the way the server runs. Every runtime says; () where the weights alone do.
-RUNTIME_FILES_FLAG = "--export-int8"  # ner.train's one flag that writes every runtime's files
-RUNTIME_TRAIN_FLAGS = {"torch": (), "onnx": (RUNTIME_FILES_FLAG,), "onnx-int8": (RUNTIME_FILES_FLAG,),
-                       "openvino": (RUNTIME_FILES_FLAG,), "openvino-int8": (RUNTIME_FILES_FLAG,)}
+RUNTIME_TRAIN_FLAGS = {"torch": (), "onnx": (FAST_RUNTIMES_FLAG,), "onnx-int8": (FAST_RUNTIMES_FLAG,),
+                       "openvino": (FAST_RUNTIMES_FLAG,), "openvino-int8": (FAST_RUNTIMES_FLAG,)}
 
 
 MIN_SEQ_LENGTH = 8  # [CLS], [SEP] and a few words
@@ -89,12 +108,14 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--min-score", action="append", default=None, metavar="SCORE|TYPE=SCORE",
                         help="drop entities scored below SCORE, overall or for one type (PER=0.8); repeatable "
                              "(default: the model's, from training's --min-score, else none)")
-    parser.add_argument("--runtime", choices=RUNTIMES, default="torch",
-                        help="torch (default); onnx / onnx-int8: onnxruntime (CUDA where it has the provider and "
-                             "the device is a GPU, else the CPU) over model.onnx / model.int8.onnx, written by "
-                             "python -m ner.export MODEL_DIR OUT --onnx --quantize int8; openvino: OpenVINO on the CPU "
-                             "over model.onnx (bf16 as --mixed-precision decides); openvino-int8: model.int8.xml, "
-                             "static int8 written by the same export with --calibrate TRAIN_FILE")
+    parser.add_argument("--runtime", choices=RUNTIME_CHOICES, default=AUTO_RUNTIME,
+                        help="auto (default): the fastest runtime for this CPU class or GPU among those the model "
+                             "folder has files for and whose packages are installed; the log says which and why "
+                             "(docs/performance.md, \"Runtimes by CPU class\"). torch; onnx / onnx-int8: onnxruntime "
+                             "(CUDA where it has the provider and the device is a GPU, else the CPU) over model.onnx / "
+                             "model.int8.onnx; openvino: OpenVINO on the CPU over model.onnx (bf16 as "
+                             "--mixed-precision decides); openvino-int8: model.int8.xml, OpenVINO's static int8. "
+                             + FAST_RUNTIMES_COMMAND.format(model="MODEL_DIR") + " writes every runtime's files")
 
 
 def parse_min_score(spec: str | list[str] | None) -> dict[str, float]:
@@ -123,3 +144,168 @@ def add_inference_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=int, default=None,
                         help="padded tokens per forward pass: every pass of padded width W has max_tokens // W rows "
                              "(at most --batch-size), whatever else is tagged (default: by device, as --batch-size)")
+
+
+# ----------------------------------------------------------------------------- --runtime auto
+# The fastest runtime for the device at hand among those the export's files and the installed packages allow, from
+# one table of measurements keyed by CPU class (docs/performance.md, "Runtimes by CPU class"). The order is a
+# property of the instruction set, measured: on an AVX2-only EPYC per-token int8 in onnxruntime was fastest and
+# OpenVINO's static int8 slowest (int8 without VNNI gains little in OpenVINO's kernels); with AVX-512 VNNI the order
+# flips; with AMX OpenVINO's bf16 leads. The CPU class is read from /proc/cpuinfo's flags, so the choice is the same
+# on every run on one machine. On a GPU torch runs (onnxruntime's CUDA provider has not been measured). An explicit
+# --runtime is never second-guessed: only "auto" is resolved.
+
+# The fastest first, each with the figure the place rests on: raw-text tagging of the 14,041 CoNLL-2003 train
+# sentences against transformers' pipeline, whole processes (AMX: one forward of 16 x 32 tokens). "reasoned": not
+# measured on that class; the reason says which measurement it follows. docs/performance.md has the table.
+RUNTIME_ORDER: dict[str, tuple[tuple[str, str], ...]] = {
+    "amx": (
+        ("openvino", "bf16 on AMX, 53,931 tokens/s a forward"),
+        ("openvino-int8", "reasoned: OpenVINO runs int8 on AMX too; not measured on AMX"),
+        ("onnx-int8", "28,063 tokens/s a forward"),
+        ("torch", "bf16, 20,943 tokens/s a forward"),
+        ("onnx", "reasoned: fp32, no AMX units; not measured on AMX")),
+    "avx512-vnni-bf16": (
+        ("openvino-int8", "5.61x a pipeline"),
+        ("openvino", "bf16, 4.38x a pipeline"),
+        ("onnx-int8", "3.82x a pipeline"),
+        ("torch", "bf16, 3.17x a pipeline"),
+        ("onnx", "2.25x a pipeline")),
+    "avx512-vnni": (
+        ("openvino-int8", "reasoned: the 5.61x of AVX-512 VNNI with BF16 is int8 on VNNI (a bf16 hint gained nothing)"),
+        ("onnx-int8", "reasoned: the 3.82x of AVX-512 VNNI with BF16, int8 on VNNI"),
+        ("openvino", "reasoned: fp32 without bf16 units, as on AVX2 (2.73x a pipeline)"),
+        ("onnx", "reasoned: fp32, as on AVX2 (2.62x a pipeline)"),
+        ("torch", "reasoned: fp32, as on AVX2 (2.24x a pipeline)")),
+    "avx2": (
+        ("onnx-int8", "3.53x a pipeline"),
+        ("openvino", "fp32, 2.73x a pipeline"),
+        ("onnx", "2.62x a pipeline"),
+        ("torch", "fp32, 2.24x a pipeline"),
+        ("openvino-int8", "1.99x a pipeline: int8 without VNNI gains little in OpenVINO's kernels")),
+    "arm": (
+        ("onnx-int8", "reasoned: onnxruntime's integer kernels use Arm's dot-product instructions; AVX2's order"),
+        ("onnx", "reasoned: AVX2's order (2.62x a pipeline there)"),
+        ("torch", "reasoned: AVX2's order (2.24x a pipeline there)"),
+        ("openvino", "reasoned: OpenVINO's Arm plugin is not measured"),
+        ("openvino-int8", "reasoned: OpenVINO's Arm plugin is not measured")),
+    "gpu": (
+        ("torch", "the GPU budgets of docs/performance.md; onnxruntime's CUDA provider is not measured"),
+        ("onnx", "not measured on a GPU"), ("onnx-int8", "not measured on a GPU"),
+        ("openvino", "CPU only"), ("openvino-int8", "CPU only")),
+}
+CPU_CLASS_HELP = {"amx": "AMX (amx_bf16)", "avx512-vnni-bf16": "AVX-512 VNNI and BF16, no AMX",
+                  "avx512-vnni": "AVX-512 VNNI without BF16", "avx2": "x86 without VNNI (AVX2-only and older)",
+                  "arm": "Arm (aarch64)", "gpu": "a GPU"}
+RUNTIME_PACKAGES = {"torch": ("torch",), "onnx": ("onnxruntime",), "onnx-int8": ("onnxruntime",),
+                    "openvino": ("openvino",), "openvino-int8": ("openvino",)}
+INSTALL = {"torch": "pip install torch", "onnxruntime": 'pip install -e ".[onnx]"',
+           "openvino": 'pip install -e ".[openvino]"'}
+
+
+def cpu_flags(cpuinfo: str) -> frozenset[str]:
+    """The instruction-set flags of the first processor in /proc/cpuinfo's text ("flags" on x86, "Features" on Arm)."""
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            return frozenset(value.split())
+    return frozenset()
+
+
+def cpu_class(flags: frozenset[str] | set[str], machine: str) -> str:
+    """The row of RUNTIME_ORDER for a CPU: its flags decide, the machine name only tells Arm apart."""
+    if machine.lower() in ("aarch64", "arm64") or machine.lower().startswith("arm"):
+        return "arm"
+    if "amx_bf16" in flags or "amx_int8" in flags:
+        return "amx"
+    if "avx512_vnni" in flags:
+        return "avx512-vnni-bf16" if "avx512_bf16" in flags else "avx512-vnni"
+    return "avx2"
+
+
+def this_cpu_class(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    try:
+        text = cpuinfo.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        text = ""  # no /proc (macOS): the machine name, else the AVX2 order, the most conservative
+    return cpu_class(cpu_flags(text), platform.machine())
+
+
+def missing(runtime: str, model_dir: Path, installed=importlib.util.find_spec) -> str | None:
+    """What `runtime` lacks to run this export here, as the fix (the install or export command); None: nothing."""
+    for package in RUNTIME_PACKAGES[runtime]:
+        if installed(package) is None:
+            return INSTALL[package]
+    if any(not (Path(model_dir) / name).is_file() for name in RUNTIME_FILES[runtime]):
+        return FAST_RUNTIMES_COMMAND.format(model=model_dir)
+    return None
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What auto resolved to, on which class and figure, and the faster runtimes it could not use (with the fix)."""
+
+    runtime: str
+    device_class: str
+    figure: str
+    faster: tuple[tuple[str, str, str], ...] = field(default=())  # (runtime, figure, fix)
+
+    def line(self) -> str:
+        said = (f"--runtime auto: {self.runtime} ({CPU_CLASS_HELP[self.device_class]}: {self.figure}; the fastest "
+                "this export and the installed packages allow, docs/performance.md)")
+        if self.faster:
+            runtime, figure, fix = self.faster[0]
+            said += f"; {runtime} would be faster here ({figure}): {fix}"
+        return said
+
+
+def choose(device_class: str, model_dir: Path, installed=importlib.util.find_spec) -> Choice:
+    """The first runtime of the class's order that this export and these packages allow; none: torch (whose
+    loading then names what is missing)."""
+    faster = []
+    for runtime, figure in RUNTIME_ORDER[device_class]:
+        fix = missing(runtime, model_dir, installed)
+        if fix is None:
+            return Choice(runtime, device_class, figure, tuple(faster))
+        faster.append((runtime, figure, fix))
+    return Choice("torch", device_class, dict(RUNTIME_ORDER[device_class])["torch"], tuple(faster))
+
+
+def device_class_of(device: str | None) -> str:
+    """"gpu" where the runtime would run on an accelerator (the given device, else torch's default), else the CPU's
+    class. torch is asked only where it is loaded already or an accelerator's driver is present, so choosing an
+    ONNX or OpenVINO runtime on a CPU never imports it."""
+    if device is not None:
+        return this_cpu_class() if device.split(":")[0] == "cpu" else "gpu"
+    if "torch" in sys.modules or accelerator_present():
+        try:
+            from ner.backends import default_device
+        except ImportError:  # no torch: nothing can run on a GPU here but onnxruntime, whose CUDA is unmeasured
+            return this_cpu_class()
+        return this_cpu_class() if default_device().type == "cpu" else "gpu"
+    return this_cpu_class()
+
+
+ACCELERATOR_NODES = ("/dev/nvidia0", "/dev/kfd", "/dev/dxg")  # NVIDIA, ROCm, WSL's GPU
+
+
+def accelerator_present(nodes: tuple[str, ...] = ACCELERATOR_NODES) -> bool:
+    return sys.platform == "darwin" or any(Path(node).exists() for node in nodes)
+
+
+def resolve_runtime(runtime: str, model_dir: Path, device: str | None = None) -> str:
+    """`runtime` itself unless it is "auto"; auto: choose()'s pick for this device, said in one log line."""
+    if runtime != AUTO_RUNTIME:
+        return runtime
+    choice = choose(device_class_of(device), Path(model_dir))
+    log.info("%s", choice.line())
+    return choice.runtime
+
+
+def show_choice_on_stderr(quiet: bool = False) -> None:
+    """For the commands that tag (ner.predict, ner.evaluate): ner's own INFO lines, auto's choice among them, on
+    stderr, once per job (rank 0); other libraries stay at warnings. `quiet`: logging is left as it was."""
+    if quiet or process_rank_from_env() != 0:
+        return
+    log_to_stderr(logging.WARNING, "%(message)s")
+    logging.getLogger("ner").setLevel(logging.INFO)

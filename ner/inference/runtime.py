@@ -1,7 +1,7 @@
 """What computes the logits inside the one inference path: PyTorch, or an ONNX export of the same model.
 
     python -m ner.export runs/ner/final exported --onnx --quantize int8     # writes model.onnx, model.int8.onnx
-    python -m ner.predict exported articles.txt --runtime onnx-int8
+    python -m ner.predict exported articles.txt --runtime onnx-int8       # the default, auto, may pick it
 
 A runtime is called as `runtime(input_ids, attention_mask) -> logits` on one padded batch, numpy in
 (int64, rows x width) and numpy out (float32, rows x width x labels), and `runtime.map(batches)` runs a
@@ -35,13 +35,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ner.errors import UserError
-from ner.inference.options import RUNTIME_FILES
+from ner.inference.options import FAST_RUNTIMES_COMMAND, RUNTIME_FILES
 
 if TYPE_CHECKING:
     import torch
 
 log = logging.getLogger(__name__)
-EXPORT_COMMAND = "python -m ner.export MODEL_DIR OUT --onnx --quantize int8"
+EXPORT_COMMAND = FAST_RUNTIMES_COMMAND.format(model="MODEL_DIR")  # writes every runtime's files
 
 
 Batch = dict[str, np.ndarray]  # one collated batch (data/encode.collate)
@@ -140,8 +140,8 @@ class OnnxRuntime:
 
 
 def export_command(runtime: str) -> str:
-    """The command that writes the file `runtime` reads (the static int8 model needs calibration text too)."""
-    return EXPORT_COMMAND + (" --calibrate TRAIN_FILE" if runtime == "openvino-int8" else "")
+    """The command that writes the file `runtime` reads: the one that writes every runtime's files."""
+    return EXPORT_COMMAND
 
 
 def runtime_path(model_dir: Path, runtime: str) -> Path:

@@ -33,7 +33,14 @@ from ner.inference.decode import Decoder
 from ner.inference.entities import drop_below, entities
 from ner.inference.model_folder import ModelSettings, max_positions, model_labels, read_model_json
 from ner.inference.openvino_runtime import OpenVinoRuntime
-from ner.inference.options import PAD_TO_MULTIPLE_OF, RUNTIMES, check_max_seq_length, inference_budget, parse_min_score
+from ner.inference.options import (
+    PAD_TO_MULTIPLE_OF,
+    RUNTIME_CHOICES,
+    check_max_seq_length,
+    inference_budget,
+    parse_min_score,
+    resolve_runtime,
+)
 from ner.inference.runtime import OnnxRuntime, TorchRuntime, onnx_device_type, runtime_path
 
 log = logging.getLogger("ner")
@@ -88,8 +95,9 @@ class Tagger:
         model_dir = Path(model_dir)
         if not (model_dir / "config.json").is_file():
             raise UserError(f"{model_dir}: not a model folder (no config.json); pass OUTPUT_DIR/final")
-        if runtime not in RUNTIMES:
-            raise UserError(f"--runtime {runtime}: expected one of {', '.join(RUNTIMES)}")
+        if runtime not in RUNTIME_CHOICES:
+            raise UserError(f"--runtime {runtime}: expected one of {', '.join(RUNTIME_CHOICES)}")
+        runtime = self.options["runtime"] = resolve_runtime(runtime, model_dir, device)  # like() keeps the pick
         self.tokenizer = load_tokenizer(model_dir, as_saved=True)  # the pieces the model was trained on
         config = read_model_json(model_dir / "config.json")  # not AutoConfig: it imports torch (transformers 5)
         self.id2label = model_labels(config)

@@ -27,6 +27,7 @@ from ner.errors import UserError
 from ner.inference.decode import DECODERS
 from ner.inference.options import (
     CONTEXTS,
+    FAST_RUNTIMES_FLAG,
     MAX_SEQ_LENGTH,
     PAD_TO_MULTIPLE_OF,
     WINDOW_STRIDE_WORDS,
@@ -194,9 +195,11 @@ class TrainConfig:
     logging_steps: int = _opt(10, "log loss and learning rate every N updates", resume=MAY_CHANGE)
     # May change on resume: more files at the end, the same training.
     export_int8: bool = _opt(
-        False, "at the end, also write model.onnx, model.int8.onnx and model.int8.xml (OpenVINO's static int8, "
-        "calibrated on the training data) into OUTPUT_DIR/final, each checked against PyTorch, for --runtime onnx, "
-        "onnx-int8, openvino and openvino-int8 (pip install -e \".[openvino]\")", resume=MAY_CHANGE)
+        False, "at the end, also write every fast runtime's files into OUTPUT_DIR/final: model.onnx, model.int8.onnx "
+        "and model.int8.xml (OpenVINO's static int8, calibrated on the training data), each checked against PyTorch, "
+        "for --runtime onnx, onnx-int8, openvino and openvino-int8, of which --runtime auto picks the fastest here; a "
+        "file its check refuses is left out and named in the summary, and the run still ends as finished "
+        "(pip install -e \".[openvino]\"; ner.export has the same flag)", resume=MAY_CHANGE)
     output_dir: str = _opt("runs/ner", "where checkpoints, the final export and metrics go", resume=MAY_CHANGE)
     overwrite_output_dir: bool = _opt(
         False, "replace the run in --output-dir: removes only what a run writes (checkpoints/, final/, metrics.jsonl, "
@@ -255,7 +258,7 @@ class TrainConfig:
         if self.export_int8:
             from ner.inference.openvino_export import require_packages
 
-            require_packages("--export-int8")
+            require_packages(FAST_RUNTIMES_FLAG)
         if self.compile == "on" and self.backend == DATA_PARALLEL:
             raise UserError(f"--compile on does not work with --{DATA_PARALLEL} (its replicas would call the compiled "
                             f"original); use --compile off, or DDP (accelerate launch, --{RAW_DDP})")

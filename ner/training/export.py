@@ -14,7 +14,7 @@ from ner.data.examples import Example
 from ner.errors import UserError
 from ner.files import RECORD, file_entry, read_record, staged_folder, write_record
 from ner.files import unrecorded as unrecorded_files
-from ner.inference.options import RUNTIME_FILES
+from ner.inference.options import FAST_RUNTIMES_FLAG, RUNTIME_FILES, RUNTIMES
 from ner.metrics import best_evaluation
 from ner.training.checkpoint import CHECKPOINT_TOOL, MANIFEST, read_state, verify
 from ner.training.model_card import model_card
@@ -26,12 +26,14 @@ DESCRIPTION = ("training_args.json", "metrics.json", "README.md")  # what an exp
 
 def export_checkpoint(checkpoint: Path, out_dir: Path, metrics: dict | None = None, onnx: bool = False,
                       quantize: str | None = None, overwrite: bool = False, update: bool = False,
-                      sealed_here: bool = False, calibrate: list[Example] | None = None) -> Path:
+                      sealed_here: bool = False, calibrate: list[Example] | None = None,
+                      refused: dict[str, str] | None = None) -> Path:
     """Copy the checkpoint's model folder and describe it; `metrics` defaults to its evals. `overwrite` (the user's
     --overwrite): OUT may be an export, replaced whole but for what was never its own. `update` (OUTPUT_DIR/final at
     the end of a run): the same, but a file no record shows the export wrote is refused instead of replaced.
     `sealed_here`: the caller sealed the checkpoint a moment ago (a run's last save), so it is not read again to
-    verify it (every file hashed, the optimizer state too: about 0.35 s of a run's end on 2 cores)."""
+    verify it (every file hashed, the optimizer state too: about 0.35 s of a run's end on 2 cores). `refused`: see
+    add_onnx."""
     problem = None if sealed_here else verify(checkpoint)
     if problem is not None:
         raise UserError(f"{checkpoint}: not a complete checkpoint: {problem}")
@@ -50,7 +52,7 @@ def export_checkpoint(checkpoint: Path, out_dir: Path, metrics: dict | None = No
         (tmp / "training_args.json").write_text(json.dumps(training_args, indent=2, sort_keys=True) + "\n")
         (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
         (tmp / "README.md").write_text(model_card(training_args, metrics), encoding="utf-8")
-        add_onnx(tmp, onnx, quantize, calibrate)
+        add_onnx(tmp, onnx, quantize, calibrate, refused)
         check_out_dir(out_dir, overwrite, update)  # again: the ONNX check takes a while
         keep_what_is_not_ours(out_dir, tmp, overwrite, known=copied_entries(checkpoint))
     return out_dir
@@ -65,10 +67,11 @@ def copied_entries(checkpoint: Path) -> dict[str, dict]:
 
 
 def export_folder(model_dir: Path, out_dir: Path, onnx: bool = False, quantize: str | None = None,
-                  overwrite: bool = False, calibrate: list[Example] | None = None) -> Path:
-    """The files of an exported model folder copied to `out_dir`, ONNX files added. In place when they are the same
-    folder: allowed without `overwrite`, since naming the folder twice asks for it, and its files are copied onto
-    themselves; what is not the export's stays."""
+                  overwrite: bool = False, calibrate: list[Example] | None = None,
+                  refused: dict[str, str] | None = None) -> Path:
+    """The files of an exported model folder copied to `out_dir`, ONNX files added (`refused`: see add_onnx). In place
+    when they are the same folder: allowed without `overwrite`, since naming the folder twice asks for it, and its
+    files are copied onto themselves; what is not the export's stays."""
     out_dir = Path(out_dir)
     in_place = same_folder(model_dir, out_dir)
     files, unvouched = files_of_export(model_dir, in_place)
@@ -77,7 +80,7 @@ def export_folder(model_dir: Path, out_dir: Path, onnx: bool = False, quantize: 
     with staged_folder(out_dir) as tmp:
         for path in files:
             shutil.copy2(path, tmp / path.name)
-        add_onnx(tmp, onnx, quantize, calibrate)
+        add_onnx(tmp, onnx, quantize, calibrate, refused)
         check_out_dir(out_dir, overwrite, in_place)
         keep_what_is_not_ours(out_dir, tmp, overwrite, unvouched)
     return out_dir
@@ -113,13 +116,14 @@ def onnx_names(onnx: bool, quantize: str | None, calibrate: list[Example] | None
 
 
 def export_any(source: Path, out_dir: Path, onnx: bool = False, quantize: str | None = None,
-               overwrite: bool = False, calibrate: list[Example] | None = None) -> Path:
+               overwrite: bool = False, calibrate: list[Example] | None = None,
+               refused: dict[str, str] | None = None) -> Path:
     """A checkpoint (manifest.json) or an exported folder (config.json + training_args.json) to `out_dir`."""
     if (source / MANIFEST).is_file():
         return export_checkpoint(source, out_dir, onnx=onnx, quantize=quantize, overwrite=overwrite,
-                                 calibrate=calibrate)
+                                 calibrate=calibrate, refused=refused)
     if is_export(source):
-        return export_folder(source, out_dir, onnx, quantize, overwrite, calibrate)
+        return export_folder(source, out_dir, onnx, quantize, overwrite, calibrate, refused)
     raise UserError(f"{source}: neither a checkpoint (manifest.json) nor an exported model folder "
                     "(config.json + training_args.json)")
 
@@ -216,12 +220,49 @@ def check_out_dir(out_dir: Path, overwrite: bool, update: bool = False, names: s
         raise UserError(refusal(*unsure[0]))
 
 
-def add_onnx(folder: Path, onnx: bool, quantize: str | None, calibrate: list[Example] | None = None) -> None:
+def add_onnx(folder: Path, onnx: bool, quantize: str | None, calibrate: list[Example] | None = None,
+             refused: dict[str, str] | None = None) -> None:
     """ONNX files (and OpenVINO's static int8, calibrated on the `calibrate` examples), checked against PyTorch, into
-    the staged folder."""
+    the staged folder. `refused` (a dict): a file a gate refuses is named there by runtime and the others are kept
+    (FAST_RUNTIMES_FLAG); without it a refusal fails the export."""
     if not onnx:
         return
     from ner.inference.onnx_export import write_onnx  # torch.onnx loads only when asked for
 
-    measured = write_onnx(folder, quantize, calibrate)
+    measured = write_onnx(folder, quantize, calibrate, refused)
     print("ONNX check against PyTorch: " + ", ".join(f"{k} {v:.3g}" for k, v in measured.items()), file=sys.stderr)
+
+
+FAST_RUNTIMES = tuple(runtime for runtime in RUNTIMES if RUNTIME_FILES[runtime])  # every runtime but torch
+
+
+def export_fast_runtimes(source: Path, out_dir: Path, calibrate: list[Example], overwrite: bool = False) -> str:
+    """FAST_RUNTIMES_FLAG: `source` exported to `out_dir` with every file a runtime of FAST_RUNTIMES reads, each past
+    its gate; a refused file is left out and named, the others kept. Returns the report: what was written, what was
+    refused and why, and what --runtime auto will run here."""
+    refused: dict[str, str] = {}
+    export_any(source, out_dir, onnx=True, quantize="int8", overwrite=overwrite, calibrate=calibrate, refused=refused)
+    for runtime, reason in refused.items():
+        log.warning("%s: %s refused (--runtime %s): %s", out_dir, "/".join(RUNTIME_FILES[runtime]), runtime, reason)
+    return fast_runtimes_report(Path(out_dir), refused)
+
+
+def fast_runtimes_report(model_dir: Path, refused: dict[str, str]) -> str:
+    from ner.inference.options import CPU_CLASS_HELP, choose, device_class_of
+
+    written = sorted({name for runtime in FAST_RUNTIMES if runtime not in refused for name in RUNTIME_FILES[runtime]})
+    lines = [f"{FAST_RUNTIMES_FLAG}: wrote {', '.join(written) or 'no runtime file'} into {model_dir}"]
+    for reason, runtimes in group_by_reason(refused).items():
+        names = sorted({name for runtime in runtimes for name in RUNTIME_FILES[runtime]})
+        lines.append(f"{FAST_RUNTIMES_FLAG}: refused {', '.join(names)} (--runtime {', '.join(runtimes)}): {reason}")
+    choice = choose(device_class_of(None), model_dir)
+    lines.append(f"python -m ner.predict will run --runtime {choice.runtime} on this machine "
+                 f"({CPU_CLASS_HELP[choice.device_class]}: {choice.figure})")
+    return "\n".join(lines)
+
+
+def group_by_reason(refused: dict[str, str]) -> dict[str, list[str]]:
+    grouped: dict[str, list[str]] = {}
+    for runtime, reason in refused.items():
+        grouped.setdefault(reason, []).append(runtime)
+    return grouped

@@ -36,7 +36,13 @@ from ner.training import checkpoint as ckpt
 from ner.training.auto import resolve_auto, resolve_casing, resolve_context
 from ner.training.config import TrainConfig, tokenization_cache_dir, with_sample_data
 from ner.training.evaluation import EvalSet, build_eval_set, predict_tags
-from ner.training.export import checkpoint_export_names, export_checkpoint, export_folder, is_export, unrecorded
+from ner.training.export import (
+    checkpoint_export_names,
+    export_checkpoint,
+    export_fast_runtimes,
+    is_export,
+    unrecorded,
+)
 from ner.training.hooks import RunHooks
 from ner.training.loop import TrainState, fit, updates_in_epoch
 from ner.training.model import (
@@ -344,18 +350,22 @@ def finish(cfg: TrainConfig, backend: Backend, model: torch.nn.Module, data: Pre
     if not state.eval_history or state.eval_history[-1]["step"] != state.global_step:
         hooks.evaluate(state, can_stop=False)  # --max-steps can stop between scheduled evaluations
     metrics, source, sealed_here = score_final_model(cfg, backend, model, data, state, hooks)
+    final = cfg.output_path / "final"
     if backend.is_main_process:
         # update: on resume final/ holds the export of the run's earlier end, which the new one replaces
         # (claim_output_dir refused anything else there that the new export would replace)
-        export_checkpoint(source, cfg.output_path / "final", metrics, update=True, sealed_here=sealed_here)
-        log.info("exported %s", cfg.output_path / "final")
-        if cfg.export_int8:  # after the plain export: a gate that refuses int8 leaves final/ whole, without them
-            export_folder(cfg.output_path / "final", cfg.output_path / "final", onnx=True, quantize="int8",
-                          calibrate=data.splits.train)
+        export_checkpoint(source, final, metrics, update=True, sealed_here=sealed_here)
+        log.info("exported %s", final)
+    backend.wait_for_everyone()
+    if backend.is_main_process:
+        # after the barrier, so no rank waits through calibration; after the plain export, so a gate that refuses a
+        # file leaves final/ whole without it, and the run ends as finished (the report names the refusal)
+        fast_runtimes = export_fast_runtimes(final, final, data.splits.train) if cfg.export_int8 else None
         print(json.dumps({k: (v["f1"] if isinstance(v, dict) else v) for k, v in metrics.items()
                           if k != "errors" and (not isinstance(v, dict) or "f1" in v)}))
-        print(next_steps(cfg.output_path / "final", metrics, cfg.test_file), flush=True)
-    backend.wait_for_everyone()
+        if fast_runtimes is not None:
+            print(fast_runtimes)
+        print(next_steps(final, metrics, cfg.test_file), flush=True)
     return metrics
 
 

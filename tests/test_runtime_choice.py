@@ -1,0 +1,171 @@
+"""--runtime auto: the CPU class read from /proc/cpuinfo's flags, the pick per class among the export's files and the
+installed packages, the log line, and an explicit --runtime winning."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+
+import pytest
+
+from ner.inference import options
+from ner.inference.options import (
+    AUTO_RUNTIME,
+    FAST_RUNTIMES_FLAG,
+    RUNTIME_CHOICES,
+    RUNTIME_FILES,
+    RUNTIME_ORDER,
+    RUNTIMES,
+    choose,
+    cpu_class,
+    cpu_flags,
+    resolve_runtime,
+)
+
+# /proc/cpuinfo's flags of each class, trimmed to what decides
+FLAGS = {
+    "amx": "fpu sse2 avx avx2 avx512f avx512_vnni avx512_bf16 amx_bf16 amx_tile amx_int8",
+    "avx512-vnni-bf16": "fpu sse2 avx avx2 avx512f avx512_vnni avx512_bf16",
+    "avx512-vnni": "fpu sse2 avx avx2 avx512f avx512_vnni",
+    "avx2": "fpu sse2 avx avx2 fma",
+}
+ARM_CPUINFO = "processor\t: 0\nBogoMIPS\t: 243.75\nFeatures\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 asimddp\n"
+
+
+def everything_installed(name):
+    return object()
+
+
+def folder_with(tmp_path: Path, runtimes) -> Path:
+    """A model folder holding the files of `runtimes` (contents do not matter to the choice)."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    for runtime in runtimes:
+        for name in RUNTIME_FILES[runtime]:
+            (folder / name).write_bytes(b"x")
+    return folder
+
+
+@pytest.mark.parametrize("expected", sorted(FLAGS))
+def test_the_cpu_class_follows_the_flags_in_cpuinfo(expected):
+    cpuinfo = f"processor\t: 0\nmodel name\t: some CPU\nflags\t\t: {FLAGS[expected]}\n\nprocessor\t: 1\n"
+    assert cpu_class(cpu_flags(cpuinfo), "x86_64") == expected
+
+
+def test_arm_is_told_by_its_machine_and_its_features_are_read():
+    assert "asimddp" in cpu_flags(ARM_CPUINFO)
+    assert cpu_class(cpu_flags(ARM_CPUINFO), "aarch64") == "arm"
+    assert cpu_class(frozenset(), "x86_64") == "avx2"  # nothing read: the most conservative order
+
+
+def test_avx512_without_vnni_orders_as_avx2():
+    """int8 without VNNI is what makes OpenVINO's static int8 slow (the AVX2 row), so AVX-512 F alone (Skylake-SP)
+    and the 256-bit AVX-VNNI get the measured AVX2 order."""
+    assert cpu_class(frozenset({"avx2", "avx512f", "avx512bw", "avx512_bf16"}), "x86_64") == "avx2"
+    assert cpu_class(frozenset({"avx2", "avx_vnni"}), "x86_64") == "avx2"
+
+
+def test_every_class_orders_every_runtime_once():
+    for order in RUNTIME_ORDER.values():
+        assert sorted(runtime for runtime, _ in order) == sorted(RUNTIMES)
+
+
+@pytest.mark.parametrize("device_class,with_every_file", [
+    ("amx", "openvino"), ("avx512-vnni-bf16", "openvino-int8"), ("avx512-vnni", "openvino-int8"),
+    ("avx2", "onnx-int8"), ("arm", "onnx-int8"), ("gpu", "torch")])
+def test_with_every_file_each_class_gets_its_measured_fastest(tmp_path, device_class, with_every_file):
+    folder = folder_with(tmp_path, RUNTIMES)
+    choice = choose(device_class, folder, everything_installed)
+    assert choice.runtime == with_every_file and choice.faster == ()
+
+
+@pytest.mark.parametrize("device_class,files,expected", [
+    ("avx2", ("onnx",), "openvino"),  # model.onnx serves openvino (2.73x) before onnx (2.62x) on AVX2
+    ("avx2", ("openvino-int8",), "torch"),  # static int8 is the slowest there: torch fp32 beats it
+    ("avx512-vnni-bf16", ("onnx", "onnx-int8"), "openvino"),
+    ("amx", ("onnx-int8",), "onnx-int8"),
+    ("avx512-vnni-bf16", (), "torch")])
+def test_the_pick_is_the_fastest_the_files_allow(tmp_path, device_class, files, expected):
+    choice = choose(device_class, folder_with(tmp_path, files), everything_installed)
+    assert choice.runtime == expected
+    order = [runtime for runtime, _ in RUNTIME_ORDER[device_class]]
+    assert [runtime for runtime, _, _ in choice.faster] == order[:order.index(expected)]
+
+
+def test_a_runtime_whose_package_is_missing_is_passed_over_with_its_install_line(tmp_path):
+    folder = folder_with(tmp_path, RUNTIMES)
+    choice = choose("avx512-vnni-bf16", folder, lambda name: None if name == "openvino" else object())
+    assert choice.runtime == "onnx-int8"
+    assert [(runtime, fix) for runtime, _, fix in choice.faster] == [
+        ("openvino-int8", 'pip install -e ".[openvino]"'), ("openvino", 'pip install -e ".[openvino]"')]
+
+
+def test_the_log_line_says_what_why_and_which_export_would_be_faster(tmp_path, monkeypatch, caplog):
+    folder = folder_with(tmp_path, ("onnx",))
+    monkeypatch.setattr(options, "this_cpu_class", lambda: "avx2")
+    with caplog.at_level(logging.INFO, logger="ner"):
+        assert resolve_runtime(AUTO_RUNTIME, folder, "cpu") == "openvino"
+    [line] = [r.getMessage() for r in caplog.records if "--runtime auto" in r.getMessage()]
+    assert line.startswith("--runtime auto: openvino (x86 without VNNI")
+    assert "2.73x a pipeline" in line
+    assert f"onnx-int8 would be faster here (3.53x a pipeline): python -m ner.export {folder} {folder} " \
+           f"{FAST_RUNTIMES_FLAG} --calibrate TRAIN_FILE" in line
+
+
+def test_an_explicit_runtime_always_wins_and_says_nothing(tmp_path, monkeypatch, caplog):
+    folder = folder_with(tmp_path, RUNTIMES)
+    monkeypatch.setattr(options, "this_cpu_class", lambda: "avx2")
+    with caplog.at_level(logging.INFO, logger="ner"):
+        for runtime in RUNTIMES:
+            assert resolve_runtime(runtime, folder, "cpu") == runtime
+    assert not caplog.records
+
+
+def test_a_gpu_device_picks_torch_and_a_cpu_device_its_class(tmp_path, monkeypatch):
+    folder = folder_with(tmp_path, RUNTIMES)
+    monkeypatch.setattr(options, "this_cpu_class", lambda: "avx2")
+    assert resolve_runtime(AUTO_RUNTIME, folder, "cuda:1") == "torch"
+    assert resolve_runtime(AUTO_RUNTIME, folder, "cpu") == "onnx-int8"
+
+
+def test_auto_is_the_default_of_every_command_that_tags(random_model):
+    from ner.evaluate import build_parser as evaluate_parser
+    from ner.predict import build_parser as predict_parser
+    from ner.serve import build_parser as serve_parser
+
+    assert RUNTIME_CHOICES == (AUTO_RUNTIME, *RUNTIMES)
+    for parser, extra in ((predict_parser, []), (evaluate_parser, ["x.conll"]), (serve_parser, [])):
+        assert parser().parse_args([str(random_model), *extra]).runtime == AUTO_RUNTIME
+
+
+def test_a_tagger_runs_what_auto_picked_and_a_swap_keeps_it(random_model, tmp_path, monkeypatch):
+    """A folder with torch's files only: auto is torch on any CPU class; the pick is what like() loads again."""
+    from ner.inference.tagger import Tagger
+
+    folder = tmp_path / "final"
+    shutil.copytree(random_model, folder)
+    for device_class in ("avx2", "amx"):
+        monkeypatch.setattr(options, "this_cpu_class", lambda device_class=device_class: device_class)
+        tagger = Tagger(folder, runtime=AUTO_RUNTIME, device="cpu")
+        assert tagger.runtime_name == "torch" and tagger.options["runtime"] == "torch"
+        assert tagger.like(folder).runtime_name == "torch"
+
+
+def test_ner_predict_says_on_stderr_what_auto_picked(random_model, tmp_path, capsys):
+    from ner.predict import main as predict_main
+
+    texts = tmp_path / "texts.txt"
+    texts.write_text("Ada Lovelace visited London .\n", encoding="utf-8")
+    assert predict_main([str(random_model), str(texts)]) == 0
+    said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("--runtime auto:")]
+    assert len(said) == 1 and said[0].startswith("--runtime auto: torch (")
+    assert predict_main([str(random_model), str(texts), "--quiet", "--runtime", "torch"]) == 0
+    assert "--runtime auto" not in capsys.readouterr().err
+
+
+def test_the_flag_that_writes_every_runtimes_files_is_one_name_on_both_commands():
+    """ner.train's flag comes from TrainConfig.export_int8, ner.export's from FAST_RUNTIMES_FLAG: the same name."""
+    from ner.training.config import build_parser as train_parser
+
+    assert train_parser().parse_args([FAST_RUNTIMES_FLAG]).export_int8 is True

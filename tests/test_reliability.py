@@ -231,11 +231,11 @@ def test_a_resume_may_add_export_int8_which_changes_no_math(tiny_bert, tiny_data
     from ner.train import main as train_main
 
     exported = []
-    monkeypatch.setattr(run_module, "export_folder", lambda *args, **kwargs: exported.append(kwargs["quantize"]))
+    monkeypatch.setattr(run_module, "export_fast_runtimes", lambda final, *args: exported.append(final) or "")
     args = tiny_args(tiny_bert, tiny_data, tmp_path / "run", "--max-steps", "2", "--no-eval", "--resume", "auto")
     assert train_main(args) == 0 and exported == []
     assert train_main([*args, "--export-int8"]) == 0
-    assert exported == ["int8"]
+    assert exported == [tmp_path / "run" / "final"]
 
 
 # ----------------------------------------------------------------------------- --overwrite-output-dir, 2 ranks

@@ -203,6 +203,8 @@ def test_onnx_session_takes_the_thread_count_and_says_when_a_gpu_is_not_used(exp
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     session = runtimes.onnx_session(exported / "model.onnx")
     assert session.get_session_options().intra_op_num_threads == 1
+    # idle threads sleep: spinning ones took the cores a loaded machine's passes needed (docs/performance.md)
+    assert session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning") == "0"
     monkeypatch.setattr("onnxruntime.get_available_providers", lambda: ["CPUExecutionProvider"])
     gpu = runtimes.onnx_session(exported / "model.onnx", "cuda")
     assert gpu.get_providers() == ["CPUExecutionProvider"]

@@ -56,9 +56,10 @@ def test_pre_split_words_get_their_running_text_pieces(family):
 
 
 def test_each_distinct_word_tokenised_alone_gets_its_pieces_in_a_sentence(family):
-    """Property, per family: encode.word_pieces tokenises each distinct word once, as a one-word sequence, through
-    the Rust tokenizer; every word must get the pieces the sentence-level call gives it ([UNK] where none)."""
-    from ner.data.encode import word_pieces
+    """Property, per family: encoding tokenises each distinct word once, as a one-word sequence, through the Rust
+    tokenizer (encode.unique_word_pieces); every word must get the pieces the sentence-level call gives it ([UNK]
+    where none)."""
+    from ner.data.encode import unique_word_pieces
 
     tokenizer = load_tokenizer(str(family[1]))
 
@@ -68,10 +69,12 @@ def test_each_distinct_word_tokenised_alone_gets_its_pieces_in_a_sentence(family
               suppress_health_check=list(HealthCheck))
     def same_pieces(sentences):
         encoded = tokenizer(sentences, is_split_into_words=True, add_special_tokens=False)
-        for i, (words, pieces) in enumerate(zip(sentences, word_pieces(sentences, tokenizer))):
+        pieces_of = unique_word_pieces(sorted({w for words in sentences for w in words}), tokenizer)
+        for i, words in enumerate(sentences):
             expected = [[] for _ in words]
             for token_id, word_id in zip(encoded["input_ids"][i], encoded.word_ids(i)):
                 expected[word_id].append(token_id)
+            pieces = [pieces_of[word] for word in words]
             assert pieces == [p or [tokenizer.unk_token_id] for p in expected], (words, pieces)
 
     same_pieces()

@@ -64,18 +64,12 @@ class Feature:
     token_type_ids: list[int] | None = None  # casing types (casing_type), with --casing types
 
 
-def word_pieces(words_batch: list[list[str]], tokenizer) -> list[list[list[int]]]:
-    """Subword ids of every word; a word the tokenizer drops entirely becomes [UNK]. A fast tokenizer reads
-    pre-split words one at a time (each is normalised, pre-tokenised and cut on its own), so each distinct word is
-    tokenised once, as a one-word sequence: what it gives inside any sentence."""
-    pieces_of = unique_word_pieces({word: None for words in words_batch for word in words}, tokenizer)
-    return [[pieces_of[word] for word in words] for words in words_batch]
-
-
 def unique_word_pieces(words: dict[str, None] | list[str], tokenizer) -> dict[str, list[int]]:
-    """{word: its subword ids} of distinct words ([UNK] for a word the tokenizer drops), one batched call to the
-    Rust tokenizer (transformers' wrapper converts each sequence in Python: most of the time on one-word ones),
-    with no truncation and no padding, as transformers sets it for a call without them."""
+    """{word: its subword ids} of distinct words ([UNK] for a word the tokenizer drops). A fast tokenizer reads
+    pre-split words one at a time (each is normalised, pre-tokenised and cut on its own), so a word tokenised alone,
+    as a one-word sequence, gets what it gets inside any sentence. One batched call to the Rust tokenizer
+    (transformers' wrapper converts each sequence in Python: most of the time on one-word ones), with no truncation
+    and no padding, as transformers sets it for a call without them."""
     words = list(words)
     backend = tokenizer.backend_tokenizer
     if backend.truncation is not None:

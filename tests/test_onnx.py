@@ -211,6 +211,24 @@ def test_onnx_session_takes_the_thread_count_and_says_when_a_gpu_is_not_used(exp
     assert "ONNX runs on the CPU" in caplog.text
 
 
+def test_a_cpu_session_runs_without_the_skip_layer_norm_fusion_and_a_gpu_one_with_it(exported, monkeypatch):
+    """onnxruntime's fused SkipLayerNormalization was the slowest operator but one of the int8 pass on the CPU
+    (docs/performance.md); a GPU provider keeps every fusion."""
+    import onnxruntime
+
+    asked = []
+    real = onnxruntime.InferenceSession
+    monkeypatch.setattr("onnxruntime.InferenceSession",
+                        lambda *a, **kw: asked.append(kw.get("disabled_optimizers")) or real(*a, **kw))
+    runtimes.onnx_session(exported / "model.int8.onnx")
+    assert "SkipLayerNormFusion" in asked[-1]
+    monkeypatch.setattr("onnxruntime.get_available_providers",
+                        lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    monkeypatch.setattr("onnxruntime.InferenceSession", lambda *a, **kw: asked.append(kw.get("disabled_optimizers")))
+    runtimes.onnx_session(exported / "model.int8.onnx", "cuda")
+    assert asked[-1] is None
+
+
 # ----------------------------------------------------------------------------- without torch
 
 NO_TORCH = """

@@ -5,6 +5,7 @@
     python -m benchmarks.baseline --train-file T --validation-file V --result R  # the canonical loop alone
     python -m benchmarks.eval_speed bench_out/runs/ours/final ../shared/data/conll2003/valid.txt  # evaluate/predict
     python -m benchmarks.inference runs/final_onnx ../shared/data/conll2003/valid.txt  # torch, onnx, onnx-int8
+    python -m benchmarks.inference_phases runs/final_onnx ../shared/data/conll2003/train.txt  # where the time goes
     python -m benchmarks.shapes --multiples 1,4,8                           # cost of new batch shapes on CPU
     python -m benchmarks.seeds --seeds 1 2 3 --out seeds_out/x -- --config scripts/conll2003.yaml  # F1 over seeds
     python -m benchmarks.startup MODEL_DIR --runs 3                          # start-up and peak RSS per runtime

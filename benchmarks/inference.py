@@ -14,8 +14,9 @@ names the CPU class it ran on (inference/options.py's cpu_class: the key of --ru
 "whole process" divides by the process's wall time: imports, model loading, warm-up and tagging.
 F1: exact character spans against the gold entities. MFU: forward FLOPs of the texts (each text's subword
 count from the export's tokenizer; measure.inference_flops) per second of tagging, against the matmul peak of
-the row's precision measured in the same run after the rows (fp32 and bf16: torch, measure_peak_flops; int8:
-onnxruntime's MatMulIntegerToFloat, int8_matmul_peak). Results: docs/performance.md.
+the row's precision in the row's own runtime, measured in the same run after the rows (torch: measure_peak_flops;
+onnxruntime and OpenVINO: runtime_matmul_peak, a 2048^3 product on one thread in CPU time, times the threads).
+Results: docs/performance.md.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.measure import inference_flops, int8_matmul_peak, measure_peak_flops, model_shape, run_measured
+from benchmarks.measure import inference_flops, measure_peak_flops, model_shape, run_measured, runtime_matmul_peak
 from ner.data.conll import read_conll
 from ner.inference.options import AUTO_RUNTIME, RUNTIME_CHOICES, choose, this_cpu_class
 from scripts.raw_text_f1 import detokenize, prf
@@ -76,31 +77,42 @@ def child(row: str, model_dir: Path, conll: Path, limit: int | None, result: Pat
                                   "words_per_s": words / seconds, "sentences": len(texts), **prf(gold, predicted)}))
 
 
+ENGINE = {"pipeline": "torch", "torch": "torch", "onnx": "onnxruntime", "onnx-int8": "onnxruntime",
+          "openvino": "openvino", "openvino-int8": "openvino"}  # what runs each row's matmuls
+
+
 def print_mfu(model_dir: Path, conll: Path, limit: int | None, seconds: dict[str, float]) -> None:
-    """Model FLOP utilisation of each row's tagging against the matmul peak of its precision, 2 threads."""
+    """Model FLOP utilisation of each row's tagging against the matmul peak of its precision in its own runtime
+    (torch, onnxruntime, OpenVINO), per core in CPU time, times the threads (measure.runtime_matmul_peak)."""
     import torch
     from transformers import AutoTokenizer
+
+    from ner.backends import resolve_precision
 
     texts, _, _ = sentence_texts(conll, limit)
     lengths = [len(ids) for ids in AutoTokenizer.from_pretrained(model_dir)(texts)["input_ids"]]
     num_labels = len(json.loads((model_dir / "config.json").read_text())["id2label"])
     flops = inference_flops(lengths, model_shape(model_dir, num_labels))
-    from ner.backends import resolve_precision
-
     threads = torch.get_num_threads()
     auto = "bf16" if resolve_precision("auto", torch.device("cpu")) == "bf16" else "fp32"
     precision = {**PRECISION, "torch": auto, "openvino": auto}
-    precision[AUTO_RUNTIME] = precision[choose(this_cpu_class(), model_dir).runtime]
-    peaks = {f"{k[:-len('_flops_per_s')]}": v for k, v in measure_peak_flops(torch.device("cpu"), threads).items()
-             if not k.endswith("_wall_flops_per_s")}
-    peaks["int8"] = int8_matmul_peak(threads)
-    print(f"\n{sum(lengths):,} subword tokens, {flops / 1e12:.2f} TFLOP forward; peaks on {threads} threads: "
-          + ", ".join(f"{name} {peak / 1e12:.2f} T/s" for name, peak in peaks.items()))
-    print("| runtime | CPU class | precision | TFLOP/s (tagging) | MFU |\n|---|---|---|---:|---:|")
+    picked = choose(this_cpu_class(), model_dir).runtime
+    precision[AUTO_RUNTIME], engine = precision[picked], {**ENGINE, AUTO_RUNTIME: ENGINE[picked]}
+    torch_peaks = measure_peak_flops(torch.device("cpu"), threads)
+    peaks = {("torch", p): torch_peaks[f"{p}_flops_per_s"] for p in ("fp32", "bf16")
+             if f"{p}_flops_per_s" in torch_peaks}
+    for row in seconds:
+        key = (engine[row], precision[row])
+        if key not in peaks:
+            peaks[key] = runtime_matmul_peak(*key, threads)
+    print(f"\n{sum(lengths):,} subword tokens, {flops / 1e12:.2f} TFLOP forward; matmul peaks on {threads} threads: "
+          + ", ".join(f"{engine} {p} {peak / 1e12:.2f} T/s" for (engine, p), peak in peaks.items()))
+    print("| runtime | CPU class | precision | TFLOP/s (tagging) | peak T/s (its runtime, its precision) | MFU |\n"
+          "|---|---|---|---:|---:|---:|")
     for row, s in seconds.items():
-        achieved = flops / s
+        achieved, peak = flops / s, peaks[(engine[row], precision[row])]
         print(f"| {row_name(row, model_dir)} | {this_cpu_class()} | {precision[row]} | {achieved / 1e12:.3f} | "
-              f"{achieved / peaks[precision[row]]:.1%} |")
+              f"{peak / 1e12:.2f} | {achieved / peak:.1%} |")
 
 
 def row_name(row: str, model_dir: Path) -> str:

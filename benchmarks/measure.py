@@ -236,11 +236,9 @@ def inference_flops(lengths: list[int], model: dict) -> float:
     return sum(2 * model["matmul_params"] * n + 4 * model["layers"] * model["hidden"] * n * n for n in lengths)
 
 
-def int8_matmul_peak(threads: int, size: int = 2048, reps: int = 3) -> float:
-    """Integer-op/s of onnxruntime's MatMulIntegerToFloat (uint8 x int8, what --runtime onnx-int8 runs) on one
-    size^3 product with `threads` intra-op threads, wall clock, best of `reps` after a warm-up."""
+def int8_session(size: int, threads: int):
+    """An onnxruntime session of one uint8 x int8 MatMulIntegerToFloat of size^3."""
     import numpy as np
-    import onnxruntime
     from onnx import TensorProto, helper, numpy_helper
 
     weight = numpy_helper.from_array(np.random.default_rng(0).integers(-127, 128, (size, size), dtype=np.int8), "b")
@@ -252,18 +250,74 @@ def int8_matmul_peak(threads: int, size: int = 2048, reps: int = 3) -> float:
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [size, size])],
                               [weight, *scalars])
     opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
-    model = helper.make_model(graph, opset_imports=opsets)
-    options = onnxruntime.SessionOptions()
-    options.intra_op_num_threads = threads
-    session = onnxruntime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    a = np.random.default_rng(1).integers(0, 256, (size, size), dtype=np.uint8)
+    return onnx_session_of(helper.make_model(graph, opset_imports=opsets), threads)
+
+
+def matmul_graph(size: int, int8: bool):
+    """An ONNX graph of one size^3 product: fp32 MatMul, or int8 (uint8 activations quantized in the graph, int8
+    weights; QDQ, which OpenVINO runs as an integer matmul and onnxruntime as QLinearMatMul)."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    inputs = [helper.make_tensor_value_info("a", TensorProto.FLOAT, [size, size])]
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [size, size])]
+    if not int8:
+        weight = numpy_helper.from_array(rng.standard_normal((size, size), dtype=np.float32), "b")
+        graph = helper.make_graph([helper.make_node("MatMul", ["a", "b"], ["y"])], "peak", inputs, outputs, [weight])
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    constants = [numpy_helper.from_array(rng.integers(-127, 128, (size, size), dtype=np.int8), "bq"),
+                 numpy_helper.from_array(np.array(0.01, dtype=np.float32), "s"),
+                 numpy_helper.from_array(np.array(128, dtype=np.uint8), "za"),
+                 numpy_helper.from_array(np.array(0, dtype=np.int8), "zb")]
+    nodes = [helper.make_node("QuantizeLinear", ["a", "s", "za"], ["aq"]),
+             helper.make_node("DequantizeLinear", ["aq", "s", "za"], ["ad"]),
+             helper.make_node("DequantizeLinear", ["bq", "s", "zb"], ["bd"]),
+             helper.make_node("MatMul", ["ad", "bd"], ["y"])]
+    graph = helper.make_graph(nodes, "peak", inputs, outputs, constants)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def runtime_matmul_peak(runtime: str, precision: str, threads: int, size: int = 2048, reps: int = 3) -> float:
+    """FLOP/s (op/s for int8) of one size^3 product in `runtime` ("onnxruntime" | "openvino") and `precision`
+    ("fp32" | "bf16" | "int8"), run on one thread and timed in process CPU time (so other jobs sharing the machine
+    do not lower it), times `threads`: the peak a runtime's passes (one thread each, or `threads` per pass) can
+    reach. Best of `reps` after a warm-up. int8 in onnxruntime is MatMulIntegerToFloat, what the per-token int8
+    graph runs."""
+    import numpy as np
+
+    a = np.random.default_rng(1).standard_normal((size, size), dtype=np.float32)
+    if runtime == "openvino":
+        import openvino
+
+        hint = {"fp32": "f32", "bf16": "bf16", "int8": "f32"}[precision]
+        compiled = openvino.Core().compile_model(openvino.Core().read_model(matmul_graph(size, precision == "int8")
+                                                                            .SerializeToString(), b""), "CPU",
+                                                 {"INFERENCE_PRECISION_HINT": hint, "NUM_STREAMS": 1,
+                                                  "INFERENCE_NUM_THREADS": 1})
+        request = compiled.create_infer_request()
+        run = lambda: request.infer({0: a})  # noqa: E731
+    else:
+        session = int8_session(size, 1) if precision == "int8" else onnx_session_of(matmul_graph(size, False), 1)
+        feed = {"a": np.random.default_rng(1).integers(0, 256, (size, size), dtype=np.uint8)} if precision == "int8" \
+            else {"a": a}
+        run = lambda: session.run(["y"], feed)  # noqa: E731
     best = float("inf")
     for rep in range(reps + 1):
-        start = time.perf_counter()
-        session.run(["y"], {"a": a})
+        start = time.process_time()
+        run()
         if rep:
-            best = min(best, time.perf_counter() - start)
-    return 2 * size ** 3 / best
+            best = min(best, time.process_time() - start)
+    return 2 * size ** 3 / best * threads
+
+
+def onnx_session_of(model, threads: int):
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return onnxruntime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
 def peak_for(peaks: dict, precision: str) -> float:

@@ -304,8 +304,8 @@ def test_the_floor_loads_the_model_the_measured_runs_train(tmp_path, monkeypatch
     assert loaded == [str(tmp_path), str(tmp_path), resolve_model_path(DEFAULT_MODEL)]
 
 
-ENTRY_POINTS = ("training_speed", "baseline", "eval_speed", "inference", "shapes", "seeds", "startup",
-                "batch_independence", "text_split", "corpus_scaling")
+ENTRY_POINTS = ("training_speed", "baseline", "eval_speed", "inference", "inference_phases", "shapes", "seeds",
+                "startup", "batch_independence", "text_split", "corpus_scaling")
 
 
 @pytest.mark.parametrize("name", ENTRY_POINTS)
@@ -345,3 +345,15 @@ def test_inference_flops_are_a_third_of_training_flops_row_by_row():
     lengths = [3, 7, 7, 12]
     assert 3 * inference_flops(lengths, model) == train_flops([3, 7, 12], [1, 2, 1], 1000, 2, 8)
     assert inference_flops([], model) == 0
+
+
+def test_inference_phases_time_every_phase_and_give_tagger_predicts_answers(random_model):
+    """The phases are Tagger.predict's steps, called one at a time: the same answers, and a time for each."""
+    from benchmarks.inference_phases import PHASES, timed_predict
+    from ner.inference.tagger import Tagger
+
+    tagger = Tagger(random_model, precision="no")
+    texts = ["Angela Merkel met Emmanuel Macron in Paris.", "", "Shares of Acme Corp. rose 3.5% on Monday."] * 3
+    seconds, results = timed_predict(tagger, texts)
+    assert results == tagger.predict(texts)
+    assert all(seconds[p] >= 0 and seconds[f"{p} cpu"] >= 0 for p in PHASES) and seconds["forwards"] >= 1

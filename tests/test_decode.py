@@ -80,6 +80,25 @@ def test_viterbi_finds_the_most_probable_valid_sequence(data, scheme):
     assert total(log_probs, viterbi_tags, labels) == pytest.approx(best, abs=TOLERANCE)
 
 
+@settings(max_examples=80, deadline=None)
+@given(data=st.data(), scheme=st.sampled_from(sorted(LABELS)), group=st.integers(1, 4))
+def test_sentences_decoded_together_get_the_tags_and_probabilities_each_gets_alone(data, scheme, group):
+    """The recurrence runs over many sentences at once (decode.viterbi_many, in groups of similar length): each
+    sentence's answer must be the one it gets alone, bit for bit, whatever its neighbours' lengths (empty ones too)."""
+    from ner.inference import decode as decode_module
+
+    labels = LABELS[scheme]
+    sentences = data.draw(st.lists(scores(len(labels), max_words=9), min_size=1, max_size=9))
+    alone = [Decoder(labels, scheme, "viterbi")([lp]) for lp in sentences]
+    previous, decode_module.VITERBI_GROUP = decode_module.VITERBI_GROUP, group  # several groups, ragged ones
+    try:
+        tags, probs = Decoder(labels, scheme, "viterbi")(sentences)
+    finally:
+        decode_module.VITERBI_GROUP = previous
+    assert tags == [t for (t,), _ in alone]
+    assert all(p.tobytes() == q.tobytes() for p, ((q,),) in zip(probs, (a[1:] for a in alone)))
+
+
 def test_the_decoder_fixes_what_argmax_gets_wrong():
     labels = LABELS["iob2"]
     log_probs = np.log(np.array([[0.1, 0.05, 0.0, 0.25, 0.6],  # argmax: I-PER at the start

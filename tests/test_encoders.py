@@ -55,6 +55,31 @@ def test_pre_split_words_get_their_running_text_pieces(family):
     same_pieces()
 
 
+def test_each_distinct_word_tokenised_alone_gets_its_pieces_in_a_sentence(family):
+    """Property, per family: encoding tokenises each distinct word once, as a one-word sequence, through the Rust
+    tokenizer (encode.unique_word_pieces); every word must get the pieces the sentence-level call gives it ([UNK]
+    where none)."""
+    from ner.data.encode import unique_word_pieces
+
+    tokenizer = load_tokenizer(str(family[1]))
+
+    @given(st.lists(st.lists(WORD | st.sampled_from(["\u200b", "\u0301", "Mu\u0308nchen", "x" * 60]), max_size=6),
+                    min_size=1, max_size=4))
+    @settings(max_examples=40, derandomize=True, deadline=None, database=None,
+              suppress_health_check=list(HealthCheck))
+    def same_pieces(sentences):
+        encoded = tokenizer(sentences, is_split_into_words=True, add_special_tokens=False)
+        pieces_of = unique_word_pieces(sorted({w for words in sentences for w in words}), tokenizer)
+        for i, words in enumerate(sentences):
+            expected = [[] for _ in words]
+            for token_id, word_id in zip(encoded["input_ids"][i], encoded.word_ids(i)):
+                expected[word_id].append(token_id)
+            pieces = [pieces_of[word] for word in words]
+            assert pieces == [p or [tokenizer.unk_token_id] for p in expected], (words, pieces)
+
+    same_pieces()
+
+
 def test_trains_evaluates_and_tags_raw_text_with_exact_offsets(trained, tiny_data):
     from ner.evaluate import main as evaluate_main
     from ner.inference.tagger import Tagger

@@ -218,10 +218,30 @@ def test_onnx_session_takes_the_thread_count_and_says_when_a_gpu_is_not_used(exp
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     session = runtimes.onnx_session(exported / "model.onnx")
     assert session.get_session_options().intra_op_num_threads == 1
+    # idle threads sleep: spinning ones took the cores a loaded machine's passes needed (docs/performance.md)
+    assert session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning") == "0"
     monkeypatch.setattr("onnxruntime.get_available_providers", lambda: ["CPUExecutionProvider"])
     gpu = runtimes.onnx_session(exported / "model.onnx", "cuda")
     assert gpu.get_providers() == ["CPUExecutionProvider"]
     assert "ONNX runs on the CPU" in caplog.text
+
+
+def test_a_cpu_session_runs_without_the_skip_layer_norm_fusion_and_a_gpu_one_with_it(exported, monkeypatch):
+    """onnxruntime's fused SkipLayerNormalization was the slowest operator but one of the int8 pass on the CPU
+    (docs/performance.md); a GPU provider keeps every fusion."""
+    import onnxruntime
+
+    asked = []
+    real = onnxruntime.InferenceSession
+    monkeypatch.setattr("onnxruntime.InferenceSession",
+                        lambda *a, **kw: asked.append(kw.get("disabled_optimizers")) or real(*a, **kw))
+    runtimes.onnx_session(exported / "model.int8.onnx")
+    assert "SkipLayerNormFusion" in asked[-1]
+    monkeypatch.setattr("onnxruntime.get_available_providers",
+                        lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    monkeypatch.setattr("onnxruntime.InferenceSession", lambda *a, **kw: asked.append(kw.get("disabled_optimizers")))
+    runtimes.onnx_session(exported / "model.int8.onnx", "cuda")
+    assert asked[-1] is None
 
 
 # ----------------------------------------------------------------------------- without torch

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,17 +64,20 @@ class Feature:
     token_type_ids: list[int] | None = None  # casing types (casing_type), with --casing types
 
 
-def word_pieces(words_batch: list[list[str]], tokenizer) -> list[list[list[int]]]:
-    """Subword ids of every word; a word the tokenizer drops entirely becomes [UNK]."""
-    encoded = tokenizer(words_batch, is_split_into_words=True, add_special_tokens=False)
-    pieces_batch = []
-    for i, words in enumerate(words_batch):
-        pieces: list[list[int]] = [[] for _ in words]
-        for token_id, word_id in zip(encoded["input_ids"][i], encoded.word_ids(i)):
-            if word_id is not None:
-                pieces[word_id].append(token_id)
-        pieces_batch.append([p or [tokenizer.unk_token_id] for p in pieces])
-    return pieces_batch
+def unique_word_pieces(words: dict[str, None] | list[str], tokenizer) -> dict[str, list[int]]:
+    """{word: its subword ids} of distinct words ([UNK] for a word the tokenizer drops). A fast tokenizer reads
+    pre-split words one at a time (each is normalised, pre-tokenised and cut on its own), so a word tokenised alone,
+    as a one-word sequence, gets what it gets inside any sentence. One batched call to the Rust tokenizer
+    (transformers' wrapper converts each sequence in Python: most of the time on one-word ones), with no truncation
+    and no padding, as transformers sets it for a call without them."""
+    words = list(words)
+    backend = tokenizer.backend_tokenizer
+    if backend.truncation is not None:
+        backend.no_truncation()
+    if backend.padding is not None:
+        backend.no_padding()
+    encoded = backend.encode_batch([[word] for word in words], is_pretokenized=True, add_special_tokens=False)
+    return {word: encoding.ids or [tokenizer.unk_token_id] for word, encoding in zip(words, encoded)}
 
 
 def plan_windows(piece_counts: list[int], budget: int, stride_words: int) -> list[tuple[int, int, int, int]]:
@@ -105,6 +109,8 @@ def plan_context_windows(piece_counts: list[int], budget: int, context_tokens: i
     """(start, end, own_start, own_end): consecutive owned cores, each widened by context to `budget`."""
     core_budget = max(budget - 2 * context_tokens, 1)
     n = len(piece_counts)
+    if sum(piece_counts) <= core_budget:  # one core holds it all (a short raw text): no word loop
+        return [(0, n, 0, n)] if n else []
     windows = []
     own_start = 0
     while own_start < n:
@@ -143,55 +149,82 @@ def runs_of(examples: list[Example], by_document: bool) -> list[range]:
 
 def encode_examples(examples: list[Example], tokenizer, label2id: dict[str, int], max_seq_length: int,
                     stride_words: int = 0, label_all_subwords: bool = False, context: bool = False,
-                    context_tokens: int = 0, casing: bool = False, chunk_size: int = 2048) -> list[Feature]:
-    """Tokenise once (in chunks, through the fast tokenizer) and cut windows; `casing`: casing types too."""
+                    context_tokens: int = 0, casing: bool = False) -> list[Feature]:
+    """Tokenise each distinct word once (one batched call to the fast tokenizer) and cut windows; `casing`:
+    casing types too."""
     budget = max_seq_length - 2  # [CLS] and [SEP]
+    flat = FlatWords.of(examples, tokenizer, label2id, budget, casing)
     continuation = _continuation_labels(label2id) if label_all_subwords else None
-    pieces: list[list[int]] = []
-    for chunk_start in range(0, len(examples), chunk_size):
-        chunk = examples[chunk_start:chunk_start + chunk_size]
-        for sentence in word_pieces([e.words for e in chunk], tokenizer):
-            pieces.extend(p[:budget] for p in sentence)  # a single word longer than a window keeps its head
-    tag_ids = [label2id.get(tag, IGNORE_INDEX) for e in examples for tag in e.tags]
     offsets = np.cumsum([0] + [len(e.words) for e in examples]).tolist()
-    word_example = np.repeat(np.arange(len(examples)), np.diff(offsets)).tolist()
-    casing_types = [casing_type(w) for e in examples for w in e.words] if casing else None
+    special = (tokenizer.cls_token_id, tokenizer.sep_token_id)  # read once: each read goes through __getattr__
     features: list[Feature] = []
     for run in runs_of(examples, context):
         first, last = offsets[run.start], offsets[run.stop]
-        counts = [len(p) for p in pieces[first:last]]
+        counts = flat.counts[first:last].tolist()
         plan = (plan_context_windows(counts, budget, context_tokens or max_seq_length // 8) if context
                 else plan_windows(counts, budget, stride_words))
         for start, end, own_start, own_end in plan:
             window = (first + start, first + end, first + own_start, first + own_end)
-            example = word_example[first + own_start] if own_start < own_end else run.start  # an empty sentence
-            features.append(_window_feature(pieces, tag_ids, window, example, tokenizer, continuation,
-                                            label_context=not context, casing_types=casing_types))
+            example = int(flat.word_example[first + own_start]) if own_start < own_end else run.start  # empty
+            features.append(flat.window_feature(window, example, special, continuation, label_context=not context))
     return features
 
 
-def _window_feature(pieces, tag_ids, window, example_index, tokenizer, continuation, label_context,
-                    casing_types=None) -> Feature:
-    """[CLS] words [SEP]; owned words predicted; context words labelled only at sentence level
-    (where they are the same sentence's overlap, as before document context existed)."""
-    start, end, own_start, own_end = window
-    input_ids = [tokenizer.cls_token_id]
-    labels = [IGNORE_INDEX]
-    word_index = [-1]
-    for w in range(start, end):
-        owned = own_start <= w < own_end
-        input_ids.extend(pieces[w])
-        first = tag_ids[w] if owned or label_context else IGNORE_INDEX
-        rest = IGNORE_INDEX if continuation is None else continuation.get(first, first)
-        labels.extend([first] + [rest] * (len(pieces[w]) - 1))
-        word_index.extend([w if owned else -1] + [-1] * (len(pieces[w]) - 1))
-    input_ids.append(tokenizer.sep_token_id)
-    labels.append(IGNORE_INDEX)
-    word_index.append(-1)
-    types = None
-    if casing_types is not None:  # every subword of a word carries the word's type
-        types = [UNKNOWN_CASE] + [casing_types[w] for w in range(start, end) for _ in pieces[w]] + [UNKNOWN_CASE]
-    return Feature(input_ids, labels, word_index, example_index, types)
+@dataclass
+class FlatWords:
+    """Every word of every example in one row of numpy arrays: its pieces (a slice of `ids`), tag id, casing
+    type and example, so that a window is a few slices, not a loop over its words."""
+
+    ids: np.ndarray  # the pieces of all words, concatenated
+    starts: np.ndarray  # word w's pieces are ids[starts[w]:starts[w + 1]]
+    counts: np.ndarray  # pieces per word
+    token_word: np.ndarray  # the word of each piece
+    tag_ids: np.ndarray  # per word: label2id of its tag, IGNORE_INDEX where absent
+    casing_types: np.ndarray | None  # per word (casing_type), with --casing types
+    word_example: np.ndarray  # per word: its example's index
+
+    @classmethod
+    def of(cls, examples: list[Example], tokenizer, label2id: dict[str, int], budget: int, casing: bool) -> FlatWords:
+        words = [word for e in examples for word in e.words]
+        distinct = {word: None for word in words}
+        # a single word longer than a window keeps its head
+        pieces_of = {w: ids[:budget] for w, ids in unique_word_pieces(distinct, tokenizer).items()} if words else {}
+        pieces = [pieces_of[word] for word in words]
+        counts = np.fromiter(map(len, pieces), dtype=np.int64, count=len(pieces))
+        starts = np.concatenate([[0], np.cumsum(counts)])
+        ids = np.fromiter(itertools.chain.from_iterable(pieces), dtype=np.int64, count=int(starts[-1]))
+        tag_ids = np.array([label2id.get(tag, IGNORE_INDEX) for e in examples for tag in e.tags], dtype=np.int64)
+        types = None
+        if casing:
+            type_of = {word: casing_type(word) for word in distinct}
+            types = np.array([type_of[word] for word in words], dtype=np.int64)
+        word_example = np.repeat(np.arange(len(examples)), [len(e.words) for e in examples])
+        return cls(ids, starts, counts, np.repeat(np.arange(len(words)), counts), tag_ids, types, word_example)
+
+    def window_feature(self, window: tuple[int, int, int, int], example_index: int, special: tuple[int, int],
+                       continuation: dict[int, int] | None, label_context: bool) -> Feature:
+        """[CLS] words [SEP] (`special`: their ids); owned words predicted; context words labelled only at
+        sentence level (where they are the same sentence's overlap, as before document context existed)."""
+        start, end, own_start, own_end = window
+        a, b = int(self.starts[start]), int(self.starts[end])
+        token_word = self.token_word[a:b]
+        is_first = np.zeros(b - a, dtype=bool)
+        is_first[self.starts[start:end] - a] = True
+        owned = (token_word >= own_start) & (token_word < own_end)
+        first = np.where(owned | label_context, self.tag_ids[token_word], IGNORE_INDEX)
+        if continuation is None:
+            rest = np.full(b - a, IGNORE_INDEX, dtype=np.int64)
+        else:
+            rest = np.array([continuation.get(label, label) for label in first.tolist()], dtype=np.int64)
+        labels = np.where(is_first, first, rest)
+        word_index = np.where(is_first & owned, token_word, -1)
+        types = None
+        if self.casing_types is not None:  # every subword of a word carries the word's type
+            types = [UNKNOWN_CASE, *self.casing_types[token_word].tolist(), UNKNOWN_CASE]
+        cls_id, sep_id = special
+        return Feature([cls_id, *self.ids[a:b].tolist(), sep_id],
+                       [IGNORE_INDEX, *labels.tolist(), IGNORE_INDEX], [-1, *word_index.tolist(), -1],
+                       example_index, types)
 
 
 def drop_casing(features: list[Feature], share: float, seed: int) -> list[Feature]:

@@ -53,6 +53,8 @@ WHITESPACE_PUNCT_PATTERN = re.compile(r"\w+|[^\w\s]")  # BERT's basic tokenizer,
 
 def _invisible(word: str) -> bool:
     """Control and format characters (zero-width space, BOM, bidi marks) separate words, never make one."""
+    if word.isprintable() and not word.isspace():  # holds a character of none of those categories: most words
+        return False
     return all(unicodedata.category(c) in ("Cc", "Cf", "Zs", "Zl", "Zp") for c in word)
 
 

@@ -57,23 +57,58 @@ def transition_masks(labels: list[str], scheme: str) -> tuple[np.ndarray, np.nda
 def viterbi(log_probs: np.ndarray, masks: tuple[np.ndarray, np.ndarray, np.ndarray]) -> np.ndarray | None:
     """The most probable allowed label sequence of one sentence (words x labels log-probabilities);
     None where the masks allow no sequence of this length."""
-    if len(log_probs) == 0:
-        return np.zeros(0, dtype=np.int64)
+    return viterbi_many([log_probs], masks)[0]
+
+
+VITERBI_GROUP = 256  # sentences decoded together: similar lengths after sorting, and a bounded back-pointer table
+
+
+def viterbi_many(log_probs: list[np.ndarray], masks: tuple[np.ndarray, np.ndarray, np.ndarray]
+                 ) -> list[np.ndarray | None]:
+    """viterbi of each sentence, the recurrence run over groups of sentences of similar length at once (one numpy
+    step per word position, not per word): the same operations on the same numbers per sentence, so the same
+    paths as one sentence at a time."""
+    paths: list[np.ndarray | None] = [None] * len(log_probs)
+    by_length = sorted(range(len(log_probs)), key=lambda i: -len(log_probs[i]))
+    for group_start in range(0, len(by_length), VITERBI_GROUP):
+        group = by_length[group_start:group_start + VITERBI_GROUP]
+        for i, path in zip(group, _viterbi_group([log_probs[i] for i in group], masks)):
+            paths[i] = path
+    return paths
+
+
+def _viterbi_group(log_probs: list[np.ndarray], masks: tuple[np.ndarray, np.ndarray, np.ndarray]
+                   ) -> list[np.ndarray | None]:
+    """viterbi of sentences sorted by length, longest first: at position i the sentences that have one are a
+    prefix of the group."""
     start, pairs, end = masks
+    lengths = np.array([len(lp) for lp in log_probs])
+    if lengths[0] == 0:
+        return [np.zeros(0, dtype=np.int64) for _ in log_probs]
+    labels = len(start)
+    padded = np.zeros((len(log_probs), lengths[0], labels), dtype=np.result_type(*log_probs))
+    for row, lp in enumerate(log_probs):
+        padded[row, :len(lp)] = lp
     transition = np.where(pairs, 0.0, -np.inf)
-    score = np.where(start, log_probs[0], -np.inf)
-    back = np.zeros(log_probs.shape, dtype=np.int64)
-    for i in range(1, len(log_probs)):
-        candidates = score[:, None] + transition  # previous x next
-        back[i] = candidates.argmax(axis=0)
-        score = candidates.max(axis=0) + log_probs[i]
+    # float64 from the first step on, as one sentence's recurrence promotes it (float32 scores + float64 masks)
+    score = np.where(start, padded[:, 0], -np.inf).astype(np.result_type(padded, transition))
+    back = np.zeros(padded.shape, dtype=np.int64)
+    for i in range(1, lengths[0]):
+        n = int((lengths > i).sum())  # sentences with a word at position i
+        candidates = score[:n, :, None] + transition  # sentence x previous x next
+        back[:n, i] = candidates.argmax(axis=1)
+        score[:n] = candidates.max(axis=1) + padded[:n, i]
     final = np.where(end, score, -np.inf)
-    if not np.isfinite(final).any():
-        return None
-    best = [int(final.argmax())]
-    for i in range(len(log_probs) - 1, 0, -1):
-        best.append(int(back[i, best[-1]]))
-    return np.array(best[::-1], dtype=np.int64)
+    best = np.zeros(padded.shape[:2], dtype=np.int64)
+    current = final.argmax(axis=1)
+    best[np.arange(len(lengths)), np.maximum(lengths - 1, 0)] = current
+    for i in range(lengths[0] - 1, 0, -1):
+        n = int((lengths > i).sum())
+        current[:n] = back[np.arange(n), i, current[:n]]
+        best[:n, i - 1] = current[:n]
+    found = np.isfinite(final).any(axis=1)
+    return [(best[row, :length] if found[row] else None) if length else np.zeros(0, dtype=np.int64)
+            for row, length in enumerate(lengths)]
 
 
 @dataclass
@@ -97,7 +132,7 @@ class Decoder:
 
     def _viterbi(self, log_probs: list[np.ndarray]) -> list[np.ndarray]:
         masks = transition_masks(list(self.labels), self.scheme)
-        paths = [viterbi(lp, masks) for lp in log_probs]
+        paths = viterbi_many(log_probs, masks)
         fallbacks = sum(path is None for path in paths)
         if fallbacks:  # one line per call, however many sentences: a label-set problem, not a per-word one
             self.fallback_sentences += fallbacks

@@ -259,6 +259,9 @@ def default_threads() -> int:
         return os.cpu_count() or 1
 
 
+CPU_DISABLED_FUSIONS = ("SkipLayerNormFusion",)  # graph optimizers a CPU session runs without (onnx_session)
+
+
 def onnx_session(path: Path, device_type: str = "cpu"):
     """An InferenceSession on the threads and device of onnx_threads / onnx_providers; unreadable files are
     one-line errors. A GPU asked for that onnxruntime cannot use is said plainly, once, in the log."""
@@ -269,13 +272,21 @@ def onnx_session(path: Path, device_type: str = "cpu"):
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = runtime_threads()
     options.log_severity_level = 3  # errors only: graph-optimisation notices are not the user's business
+    # Idle intra-op threads sleep instead of spinning: with other processes on the cores, spinning threads took the
+    # CPU that the pass and the caller's Python needed (int8 passes 2.4-3.4x faster without it on a loaded 2-core
+    # EPYC; docs/performance.md, "Where inference time goes"). The numbers do not change: only how threads wait.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     providers = onnx_providers(onnxruntime.get_available_providers(), device_type)
     if len(providers) == 1:
         warn_runs_on_cpu(path, device_type, "ONNX", f"onnxruntime has no provider for it here (it has "
                          f"{', '.join(onnxruntime.get_available_providers())}; onnxruntime-gpu provides "
                          f"CUDAExecutionProvider)")
+    # On the CPU, Add + LayerNormalization stay two operators: onnxruntime's fused SkipLayerNormalization kernel took
+    # 0.26 s where the two took 0.06 s in the int8 graph (a 1.24x faster int8 pass, the same argmax as fp32 on 99.6% of
+    # tokens either way; docs/performance.md). The fp32 graph has no such fusion left to lose.
+    disabled = list(CPU_DISABLED_FUSIONS) if providers == ["CPUExecutionProvider"] else None
     try:
-        return onnxruntime.InferenceSession(str(path), options, providers=providers)
+        return onnxruntime.InferenceSession(str(path), options, providers=providers, disabled_optimizers=disabled)
     except Exception as exc:  # onnxruntime raises its own Fail / InvalidProtobuf / RuntimeError types
         raise UserError(f"{path}: not a readable ONNX model ({first_line(exc)}); re-export it: "
                         f"{EXPORT_COMMAND}") from None

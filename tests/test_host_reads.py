@@ -11,8 +11,10 @@ test runs where the suite runs, and the call sites are the same on every device.
 from __future__ import annotations
 
 import contextlib
+import gc
 import math
 import sys
+import weakref
 from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
@@ -25,7 +27,16 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 import ner
 import ner.train as train_cli
 from ner.data.encode import IGNORE_INDEX
-from ner.training.loop import HOST_WINDOW, batch_fingerprint, grouped, token_loss_sum
+from ner.training.loop import (
+    HOST_WINDOW,
+    DeviceValues,
+    TrainState,
+    UnreadUpdates,
+    Update,
+    batch_fingerprint,
+    grouped,
+    token_loss_sum,
+)
 
 NER_DIR = str(Path(ner.__file__).resolve().parent)
 TENSOR_API = (str(Path(torch.__file__).resolve().parent / "_tensor.py"),)  # __format__, __array__ -> item, numpy
@@ -137,3 +148,19 @@ def test_a_batch_without_padding_trains_the_same_without_its_mask(tiny_bert):
     (with_mask, grads_with), (without, grads_without) = results
     assert torch.equal(with_mask, without)
     assert all(torch.equal(a, b) for a, b in zip(grads_with, grads_without, strict=True))
+
+
+def test_unread_updates_keep_no_batch_once_it_is_trained():
+    """Unread updates keep what the logs read later (shapes, fingerprint), not the micro-batches: with
+    --logging-steps 0 and no evaluation they stay unread for a whole epoch, which would keep every batch of it in
+    device memory."""
+    unread = UnreadUpdates()
+    batch = {"input_ids": torch.ones(2, 3, dtype=torch.long), "labels": torch.zeros(2, 3, dtype=torch.long)}
+    watched = [weakref.ref(tensor) for tensor in batch.values()]
+    update = Update([batch], labelled_tokens=6, batch_shapes=[[2, 3, 6]], fingerprint=7)
+    unread.add(update, DeviceValues(torch.tensor(3.0), torch.tensor(6.0), None))
+    del update, batch
+    gc.collect()
+    assert [ref() for ref in watched] == [None, None]
+    [record] = unread.read_into(TrainState())
+    assert (record.loss, record.batch_shapes, record.fingerprint) == (0.5, [[2, 3, 6]], 7)

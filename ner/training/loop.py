@@ -191,21 +191,23 @@ class UnreadUpdates:
 
     def __init__(self) -> None:
         self.values: list[DeviceValues] = []
-        self.updates: list[Update] = []
+        self.known: list[tuple[list[list[int]], int]] = []  # (batch shapes, fingerprint) of each update
 
     def add(self, update: Update, values: DeviceValues) -> None:
+        """Keeps what the host knows of `update`, never its micro-batches: unread for a whole epoch (no logging, no
+        evaluation), they would hold the epoch's batches in device memory."""
         self.values.append(values)
-        self.updates.append(update)
+        self.known.append((update.batch_shapes, update.fingerprint))
 
     def read_into(self, state: TrainState) -> list[UpdateRecord]:
         """Append the unread updates' losses and fingerprints to `state`; returns them, oldest first."""
         if not self.values:
             return []
-        records = [UpdateRecord(loss / max(tokens, 1.0), norm, update.batch_shapes, update.fingerprint)
-                   for (loss, tokens, norm), update in zip(self._read(), self.updates, strict=True)]
+        records = [UpdateRecord(loss / max(tokens, 1.0), norm, shapes, fingerprint)
+                   for (loss, tokens, norm), (shapes, fingerprint) in zip(self._read(), self.known, strict=True)]
         state.step_losses += [record.loss for record in records]
         state.step_batches += [record.fingerprint for record in records]
-        self.values, self.updates = [], []
+        self.values, self.known = [], []
         return records
 
     def _read(self) -> list[tuple[float, float, float | None]]:

@@ -23,6 +23,7 @@ from torch.optim.lr_scheduler import LRScheduler
 
 from ner.backends import Backend
 from ner.data.encode import IGNORE_INDEX, model_inputs
+from ner.training.model import attention_mask_as_given
 
 log = logging.getLogger(__name__)
 
@@ -49,8 +50,11 @@ class TrainState:
 
 def token_loss_sum(model: torch.nn.Module, batch: dict, backend: Backend) -> tuple[torch.Tensor, torch.Tensor]:
     """Summed cross-entropy over labelled tokens, and the logits."""
+    inputs = model_inputs(batch)
+    if "attention_mask" in inputs:
+        inputs["attention_mask"] = attention_mask_as_given(backend.unwrap_model(model), inputs["attention_mask"])
     with backend.autocast():
-        logits = model(**model_inputs(batch)).logits
+        logits = model(**inputs).logits
     # Loss in fp32 outside the model: under nn.DataParallel this sees the gathered logits
     # of all replicas, so the reduction is over the whole batch, like the other backends.
     loss_sum = F.cross_entropy(logits.float().flatten(0, 1), batch["labels"].flatten(),

@@ -7,6 +7,8 @@ import logging
 import math
 import os
 import re
+import sys
+from functools import cache
 from pathlib import Path
 
 import torch
@@ -102,6 +104,45 @@ def build_model(name: str, label_list: list[str], trust_remote_code: bool = Fals
     if casing_types:
         fit_token_types(model)
     return model
+
+
+# transformers' builder of each kind of layer's mask from a 2D padding mask (masking_utils); a family whose modeling
+# module imports them builds its masks there, and takes a built one as given.
+MASK_BUILDERS = {"full_attention": "create_bidirectional_mask",
+                 "sliding_attention": "create_bidirectional_sliding_window_mask"}
+
+
+@cache
+def builds_masks_with_masking_utils(model_class: type, layer_types: tuple[str, ...]) -> bool:
+    """Whether the family of `model_class` builds the mask of each of its kinds of layer with masking_utils."""
+    from transformers import masking_utils
+
+    family = sys.modules[model_class.__module__]
+    builders = [MASK_BUILDERS.get(kind) for kind in layer_types]
+    return all(name and getattr(family, name, None) is getattr(masking_utils, name) for name in builders)
+
+
+def attention_mask_as_given(encoder: torch.nn.Module, attention_mask: torch.Tensor):
+    """A padded batch's mask built on the device, as transformers builds it itself, for it to take as given.
+
+    Given a 2D mask, masking_utils first asks whether it may drop it (`padding_mask.all()`), a read that waits
+    for the device on every batch. The loop hands over only masks with padding (to_device drops the others),
+    where the answer is no, so building the mask with that check off gives the same mask, and so the same
+    numbers. A 4D mask (one kind of layer) or a mapping per kind (ModernBERT's full and sliding-window layers)
+    is what those families take as built; a family that builds its own (DeBERTa, which reads nothing) gets the
+    2D mask. Dtype: the model's, which is the embeddings' dtype transformers uses (autocast leaves them fp32).
+    """
+    from transformers import masking_utils
+
+    layer_types = getattr(encoder.config, "layer_types", None)
+    kinds = tuple(sorted(set(layer_types or ["full_attention"])))
+    if not builds_masks_with_masking_utils(type(encoder.base_model), kinds):
+        return attention_mask
+    shape_only = torch.empty((*attention_mask.shape, 0), dtype=encoder.dtype, device=attention_mask.device)
+    masks = {kind: getattr(masking_utils, MASK_BUILDERS[kind])(
+        config=encoder.config, inputs_embeds=shape_only, attention_mask=attention_mask,
+        allow_is_bidirectional_skip=False) for kind in kinds}
+    return masks if layer_types else masks["full_attention"]
 
 
 COMPILE_BACKEND = "inductor"  # torch.compile's backend (tests count the graphs with one of their own)

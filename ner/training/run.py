@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader
 
 from ner.backends import Backend
 from ner.backends.trackers import TRACKERS_DIR, claim_tracker_files, unrecorded_tracker_files
-from ner.data.batching import TokenBudgetBatchSampler
+from ner.data.batching import TokenBudgetBatchSampler, collate_to_bucket
 from ner.data.conll import write_predictions
 from ner.data.encode import cached_encode, collate_tensors, drop_casing, padded_lengths
 from ner.data.examples import Columns, has_documents
@@ -251,7 +251,16 @@ def train_sampler(cfg: TrainConfig, data: Prepared, world_size: int, batch_size:
                   max_tokens: int | None = None):
     return TokenBudgetBatchSampler(padded_lengths(data.train_features, cfg.pad_to_multiple_of),
                                    batch_size or cfg.batch_size, cfg.max_tokens if max_tokens is None else max_tokens,
-                                   cfg.seed, shuffle=True, num_replicas=world_size)
+                                   cfg.seed, shuffle=True, num_replicas=world_size,
+                                   pad_to_multiple_of=cfg.pad_to_multiple_of)
+
+
+def train_collate(cfg: TrainConfig, sampler: TokenBudgetBatchSampler, pad_token_id: int):
+    """Under a token budget, batches padded to their width bucket (a few shapes an epoch); else to the longest
+    window, rounded to --pad-to-multiple-of."""
+    if cfg.max_tokens > 0:
+        return partial(collate_to_bucket, pad_token_id=pad_token_id, widths=sampler.widths)
+    return partial(collate_tensors, pad_token_id=pad_token_id, pad_to_multiple_of=cfg.pad_to_multiple_of)
 
 
 def plan_epochs(sampler: TokenBudgetBatchSampler, cfg: TrainConfig, world_size: int) -> tuple[int, int | None]:
@@ -293,8 +302,7 @@ def run(cfg: TrainConfig, backend: Backend) -> dict:
     # A private generator: creating a DataLoader iterator draws a seed from it, and drawing from
     # the global RNG instead would shift dropout masks after a mid-epoch resume.
     loader = DataLoader(data.train_features, batch_sampler=sampler, generator=torch.Generator(),
-                        collate_fn=partial(collate_tensors, pad_token_id=data.tokenizer.pad_token_id,
-                                           pad_to_multiple_of=cfg.pad_to_multiple_of))
+                        collate_fn=train_collate(cfg, sampler, data.tokenizer.pad_token_id))
     model, optimizer, loader = backend.prepare(model, optimizer, loader)
     total_steps, num_epochs = plan_epochs(sampler, cfg, backend.num_processes)
     scheduler = build_scheduler(optimizer, cfg.lr_scheduler, total_steps, cfg.warmup_ratio)

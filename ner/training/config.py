@@ -102,8 +102,8 @@ class TrainConfig:
     optimizer_impl: str = _opt("fused", "AdamW implementation: fused (one kernel), foreach (multi-tensor) or for-loop",
                                choices=("foreach", "fused", "for-loop"))
     compile: str = _opt(
-        "auto", "torch.compile the model (inductor; shapes become dynamic after the second padded width, so a run "
-        "compiles a few graphs, not one per width); auto: off, the faster choice wherever it was measured "
+        "auto", "torch.compile the training step's forward pass, loss and backward (inductor, a graph per batch "
+        "shape, a few an epoch; CUDA graphs on CUDA); auto: off, the faster choice wherever it was measured "
         "(docs/performance.md, \"Compiled steps\"); not with --data-parallel", choices=("auto", "on", "off"))
     tokenization_cache: str = _opt(
         "auto", "folder for cached tokenised data; auto: $NER_CACHE_DIR, else $XDG_CACHE_HOME/ner, "

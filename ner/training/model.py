@@ -8,7 +8,6 @@ import math
 import os
 import re
 import sys
-from functools import cache
 from pathlib import Path
 
 import torch
@@ -112,7 +111,6 @@ MASK_BUILDERS = {"full_attention": "create_bidirectional_mask",
                  "sliding_attention": "create_bidirectional_sliding_window_mask"}
 
 
-@cache
 def builds_masks_with_masking_utils(model_class: type, layer_types: tuple[str, ...]) -> bool:
     """Whether the family of `model_class` builds the mask of each of its kinds of layer with masking_utils."""
     from transformers import masking_utils
@@ -148,15 +146,26 @@ def attention_mask_as_given(encoder: torch.nn.Module, attention_mask: torch.Tens
 COMPILE_BACKEND = "inductor"  # torch.compile's backend (tests count the graphs with one of their own)
 
 
-def compile_model(model: torch.nn.Module, max_widths: int) -> None:
-    """Compile the model in place (nn.Module.compile: the state_dict keeps its keys, no `_orig_mod.`).
-    dynamic=None: the first padded width compiles a static graph, a second one a graph with dynamic sizes
-    that serves every later width; `max_widths` lifts dynamo's recompile limit so that no graph ever falls
-    back to eager without saying so (a test bounds the graphs by the widths)."""
+def compile_loss(loss_and_logits, device_type: str, max_shapes: int):
+    """`loss_and_logits` (loop.py: mask, forward pass, loss; AOTAutograd compiles their backward with them)
+    compiled with static shapes: batching gives a few (rows, width) shapes an epoch (batching.py), one graph each.
+    On CUDA, mode="reduce-overhead" replays each as a CUDA graph, so an update launches a few graphs instead of
+    hundreds of kernels; elsewhere the default mode. The optimizer step stays outside: the schedule steps the
+    learning rate on the host and fp16's skipped steps are decided there. `max_shapes` lifts dynamo's recompile
+    limit so that no shape falls back to eager without saying so (a test bounds the graphs by the shapes)."""
     import torch._dynamo
 
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, max_widths)
-    model.compile(backend=COMPILE_BACKEND, dynamic=None)
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, max_shapes)
+    mode = "reduce-overhead" if device_type == "cuda" else None
+    compiled = torch.compile(loss_and_logits, backend=COMPILE_BACKEND, mode=mode, dynamic=False)
+
+    def step(model: torch.nn.Module, encoder: torch.nn.Module, inputs: dict, labels: torch.Tensor):
+        if "attention_mask" not in inputs:  # a batch without padding (loop.to_device): the same graph as with one
+            inputs = {**inputs, "attention_mask": torch.ones_like(inputs["input_ids"])}
+        torch.compiler.cudagraph_mark_step_begin()  # each micro-batch is a new step: no output outlives it
+        return compiled(model, encoder, inputs, labels)
+
+    return step
 
 
 def has_token_classification_head(config) -> bool:

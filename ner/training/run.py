@@ -38,12 +38,12 @@ from ner.training.config import TrainConfig, tokenization_cache_dir, with_sample
 from ner.training.evaluation import EvalSet, build_eval_set, predict_tags
 from ner.training.export import checkpoint_export_names, export_checkpoint, export_folder, is_export, unrecorded
 from ner.training.hooks import RunHooks
-from ner.training.loop import TrainState, fit, updates_in_epoch
+from ner.training.loop import TrainState, fit, loss_and_logits, updates_in_epoch
 from ner.training.model import (
     build_model,
     build_optimizer,
     build_scheduler,
-    compile_model,
+    compile_loss,
     encoder_hidden_size,
     encoder_tokenizer,
     lowercases,
@@ -296,8 +296,8 @@ def run(cfg: TrainConfig, backend: Backend) -> dict:
     model = build_model(cfg.model, data.label_list, cfg.trust_remote_code, cfg.attn_implementation,
                         casing_types=cfg.casing == "types")
     model.to(backend.device)
-    if cfg.compile == "on":
-        compile_model(model, max_widths=cfg.max_seq_length // cfg.pad_to_multiple_of + 1)
+    max_shapes = 2 * (cfg.max_seq_length // cfg.pad_to_multiple_of + 1)  # a full and a short row count a width
+    compute = compile_loss(loss_and_logits, backend.device.type, max_shapes) if cfg.compile == "on" else loss_and_logits
     optimizer = build_optimizer(model, cfg.learning_rate, cfg.weight_decay, cfg.optimizer_impl)
     # A private generator: creating a DataLoader iterator draws a seed from it, and drawing from
     # the global RNG instead would shift dropout masks after a mid-epoch resume.
@@ -319,7 +319,7 @@ def run(cfg: TrainConfig, backend: Backend) -> dict:
                     cfg.report_to, cfg.backend)
     hooks = RunHooks(cfg, backend, model, optimizer, scheduler, data, state, total_steps)
     fit(model, optimizer, scheduler, loader, backend, state, total_steps, num_epochs,
-        cfg.gradient_accumulation_steps, cfg.max_grad_norm, hooks)
+        cfg.gradient_accumulation_steps, cfg.max_grad_norm, hooks, compute)
     hooks.close()
     hooks.on_train_end(state, f"reached --max-steps {total_steps}" if num_epochs is None
                        else f"completed {num_epochs} epochs ({state.global_step} updates)")

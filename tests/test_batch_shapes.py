@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ner.data.batching import TokenBudgetBatchSampler, collate_to_bucket, rows_for_width
-from ner.data.encode import Feature, padded_lengths
+from ner.data.batching import TokenBudgetBatchSampler, rows_for_width
+from ner.data.encode import Feature, collate_to_bucket, padded_lengths
 from ner.inference.options import MAX_SEQ_LENGTH, PAD_TO_MULTIPLE_OF
 
 # Beside the checkout (benchmarks.training_speed's default), or $NER_CONLL_DIR.

@@ -13,12 +13,8 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
-
-if TYPE_CHECKING:
-    from ner.data.encode import Feature
 
 # Each width about 1.2x the one below, from 8: on CoNLL-2003 train (MiniLM) the padding share is 10.3% at 12
 # shapes, against 10.5% at 21 shapes with a width per batch (docs/performance.md, "Batch shapes").
@@ -42,14 +38,6 @@ def width_buckets(widest: int, multiple: int) -> tuple[int, ...]:
 def bucket_width(length: int, widths: Sequence[int]) -> int:
     """The narrowest width that holds `length` tokens."""
     return widths[bisect.bisect_left(widths, length)]
-
-
-def collate_to_bucket(features: list[Feature], pad_token_id: int, widths: Sequence[int]):
-    """Training's collate: the batch padded to its longest window's bucket width (a multiple of that width is
-    the width itself, since no window is wider)."""
-    from ner.data.encode import collate_tensors  # encode imports this module
-
-    return collate_tensors(features, pad_token_id, bucket_width(max(len(f.input_ids) for f in features), widths))
 
 
 class TokenBudgetBatchSampler:

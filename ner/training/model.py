@@ -144,6 +144,7 @@ def attention_mask_as_given(encoder: torch.nn.Module, attention_mask: torch.Tens
 
 
 COMPILE_BACKEND = "inductor"  # torch.compile's backend (tests count the graphs with one of their own)
+COMPILE_MODES = {"cuda": "reduce-overhead"}  # by device type: CUDA graphs; elsewhere torch.compile's default
 
 
 def compile_loss(loss_and_logits, device_type: str, max_shapes: int):
@@ -156,8 +157,8 @@ def compile_loss(loss_and_logits, device_type: str, max_shapes: int):
     import torch._dynamo
 
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, max_shapes)
-    mode = "reduce-overhead" if device_type == "cuda" else None
-    compiled = torch.compile(loss_and_logits, backend=COMPILE_BACKEND, mode=mode, dynamic=False)
+    compiled = torch.compile(loss_and_logits, backend=COMPILE_BACKEND, mode=COMPILE_MODES.get(device_type),
+                             dynamic=False)
 
     def step(model: torch.nn.Module, encoder: torch.nn.Module, inputs: dict, labels: torch.Tensor):
         if "attention_mask" not in inputs:  # a batch without padding (loop.to_device): the same graph as with one

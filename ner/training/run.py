@@ -21,9 +21,9 @@ from torch.utils.data import DataLoader
 
 from ner.backends import Backend
 from ner.backends.trackers import TRACKERS_DIR, claim_tracker_files, unrecorded_tracker_files
-from ner.data.batching import TokenBudgetBatchSampler, collate_to_bucket
+from ner.data.batching import TokenBudgetBatchSampler
 from ner.data.conll import write_predictions
-from ner.data.encode import cached_encode, collate_tensors, drop_casing, padded_lengths
+from ner.data.encode import cached_encode, collate_tensors, collate_to_bucket, drop_casing, padded_lengths
 from ner.data.examples import Columns, has_documents
 from ner.data.formats import Splits, load_splits
 from ner.data.tags import build_label_list, check_known_labels

@@ -3,6 +3,7 @@
     python -m benchmarks.training_speed --sentences 3000 --out bench_out/              # baseline vs ours, ~3 min
     python -m benchmarks.training_speed --sentences 3000 --out bench_out/ --inference  # + evaluate / predict speed
     python -m benchmarks.training_speed --sentences 3000 --out bench_out/ --ablations  # + one technique changed
+    python -m benchmarks.training_speed --sentences 3000 --out bench_out/ --ablations --ablations-matching compile
     python -m benchmarks.training_speed --sentences 3000 --out bench_out/ --scaling    # + 1 x 2 threads vs 2 gloo x 1
     python -m benchmarks.training_speed --out bench_out/ --no-main --full-memory       # peak RSS, full train set
     python -m benchmarks.training_speed --sentences 3000 --out bench_out/ --threads 1  # steadier on shared CPUs
@@ -41,6 +42,7 @@ import json
 import os
 import shutil
 import sys
+from functools import partial
 from pathlib import Path
 
 from benchmarks.eval_speed import measure_inference, score_export
@@ -70,6 +72,7 @@ ABLATIONS = {  # name -> flags that change one technique (run (b) again with the
     "foreach AdamW": ["--optimizer-impl", "foreach"],
     "SDPA attention": ["--attn-implementation", "sdpa"],
     "batches of 16 sentences (the earlier default)": ["--batch-size", "16"],
+    "compiled step (--compile on)": ["--compile", "on"],
 }
 
 
@@ -193,9 +196,12 @@ def settings_rows(baseline: dict, training_args: dict, precision: str) -> list[l
             ["seed", "42", str(t["seed"])], ["threads", str(baseline.get("threads")), "torch default"]]
 
 
-def ablation_section(work: Path, train: Path, valid: Path, shape: dict, peaks: dict) -> dict:
+def ablation_section(work: Path, train: Path, valid: Path, shape: dict, peaks: dict, matching: str = "") -> dict:
+    """The reference, then each ablation whose name contains `matching` (all by default)."""
     results = {}
     for index, (name, flags) in enumerate(ABLATIONS.items()):
+        if matching not in name and name != REFERENCE_ABLATION:
+            continue
         cache = [] if "--tokenization-cache" in flags else ["--tokenization-cache", str(work / "cache")]
         results[name] = run_project(f"ablation_{index}", train, valid, work, ["--num-epochs", "1", *cache, *flags],
                                     shape, peaks)
@@ -247,6 +253,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-main", action="store_true", help="skip baseline vs default; reuse OUT's earlier run")
     parser.add_argument("--inference", action="store_true", help="sentences/s of evaluation and ner.predict")
     parser.add_argument("--ablations", action="store_true", help="rerun the default, one setting changed each time")
+    parser.add_argument("--ablations-matching", default="", metavar="TEXT",
+                        help="with --ablations, only those whose name contains TEXT (and the reference), "
+                             "e.g. compile")
     parser.add_argument("--scaling", action="store_true", help="1 process x 2 threads vs 2 gloo processes x 1 thread")
     parser.add_argument("--full-memory", action="store_true", help="peak RSS with the full CoNLL train set")
     parser.add_argument("--full-memory-steps", type=int, default=0,
@@ -277,8 +286,9 @@ def main(argv: list[str] | None = None) -> int:
     peaks = report["peak"] = measure_peak_flops(device, torch.get_num_threads())
     train, valid = prepare_slices(args, work)
     shape = model_shape(resolve_model_path(args.model), len(build_label_list(read_conll(train))))
+    ablations = partial(ablation_section, work, train, valid, shape, peaks, args.ablations_matching)
     sections = [("main", not args.no_main, lambda: main_section(args, work, train, valid, shape, peaks)),
-                ("ablations", args.ablations, lambda: ablation_section(work, train, valid, shape, peaks)),
+                ("ablations", args.ablations, ablations),
                 ("inference", args.inference, lambda: inference_section(work, valid)),
                 ("scaling", args.scaling, lambda: scaling_section(work, train, valid, shape, peaks)),
                 ("full_memory", args.full_memory, lambda: full_memory_section(args, work, shape, peaks))]

@@ -11,36 +11,52 @@ test runs where the suite runs, and the call sites are the same on every device.
 from __future__ import annotations
 
 import contextlib
+import gc
 import math
 import sys
+import weakref
 from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
+import transformers
 from conftest import tiny_args
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 import ner
 import ner.train as train_cli
 from ner.data.encode import IGNORE_INDEX
-from ner.training.loop import HOST_WINDOW, batch_fingerprint, grouped, token_loss_sum
+from ner.training.loop import (
+    HOST_WINDOW,
+    DeviceValues,
+    TrainState,
+    UnreadUpdates,
+    Update,
+    batch_fingerprint,
+    grouped,
+    token_loss_sum,
+)
 
 NER_DIR = str(Path(ner.__file__).resolve().parent)
+LIBRARY_DIRS = tuple(str(Path(module.__file__).resolve().parent) for module in (transformers,))
 TENSOR_API = (str(Path(torch.__file__).resolve().parent / "_tensor.py"),)  # __format__, __array__ -> item, numpy
 READS = ("item", "tolist", "cpu", "numpy", "__int__", "__float__", "__bool__")
 SAMPLE = Path(ner.__file__).resolve().parent / "sample_data"
-FIRST, LAST = 20, 40  # updates; the sample's first epoch is ~110 updates of 4 sentences: no epoch end between
+FIRST, LAST = 20, 40  # updates; the sample's first epoch is ~55 updates of 8 sentences: no epoch end between
 MAX_READS_PER_UPDATE = 0.25
+MAX_LIBRARY_READS_PER_UPDATE = 0.1
 
 
 class ReadCounter:
-    """Counts reads whose caller is in ner/, between optimizer steps `first` and `last` (torch's global step hook)."""
+    """Counts reads whose caller is in ner/ (`sites`) or in a library the model runs in (`library_sites`), between
+    optimizer steps `first` and `last` (torch's global step hook)."""
 
     def __init__(self, first: float, last: float) -> None:
         self.first, self.last, self.steps = first, last, 0
         self.sites: Counter[str] = Counter()
+        self.library_sites: Counter[str] = Counter()
 
     def after_step(self, optimizer, args, kwargs) -> None:
         self.steps += 1
@@ -57,9 +73,12 @@ class ReadCounter:
         frame = sys._getframe(2)  # the caller of the patched method
         while frame is not None and frame.f_code.co_filename in TENSOR_API:
             frame = frame.f_back
-        if frame is not None and frame.f_code.co_filename.startswith(NER_DIR):
-            where = Path(frame.f_code.co_filename).relative_to(Path(NER_DIR).parent)
-            self.sites[f"{where}:{frame.f_lineno} {name}"] += 1
+        if frame is None:
+            return
+        for root, sites in [(NER_DIR, self.sites)] + [(library, self.library_sites) for library in LIBRARY_DIRS]:
+            if frame.f_code.co_filename.startswith(root):
+                where = Path(frame.f_code.co_filename).relative_to(Path(root).parent)
+                sites[f"{where}:{frame.f_lineno} {name}"] += 1
 
     def total(self) -> int:
         return sum(self.sites.values())
@@ -82,17 +101,24 @@ def count_reads(monkeypatch):
         handle.remove()
 
 
-def test_reads_per_update_stay_below_a_quarter(tiny_bert, tmp_path, count_reads):
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_reads_per_update_stay_below_a_quarter_and_the_libraries_make_none(tiny_bert, tmp_path, count_reads,
+                                                                           attention):
     """fp32, the default backend, logging every 10 updates: updates 20 -> 40 hold two logging records and no
     evaluation or checkpoint. Seen red before the loop kept its values on the device: 6 reads an update; now
-    0.15 (one read of the device values per logging record, one of the loader's CPU batches per 16 updates)."""
+    0.15 (one read of the device values per logging record, one of the loader's CPU batches per 16 updates).
+    transformers read each padded batch's mask (masking_utils' `padding_mask.all()`, whether it may drop it):
+    red with the 2D mask passed as it is, one read an update under either attention kernel."""
     data = {"train": SAMPLE / "train.conll", "validation": SAMPLE / "valid.conll", "test": SAMPLE / "test.conll"}
-    argv = tiny_args(tiny_bert, data, tmp_path / "out", "--max-steps", str(LAST), "--logging-steps", "10")
+    argv = tiny_args(tiny_bert, data, tmp_path / "out", "--max-steps", str(LAST), "--logging-steps", "10",
+                     "--batch-size", "8", "--attn-implementation", attention)
     counter = count_reads(FIRST, LAST)
     assert train_cli.main(argv) == 0
     assert counter.steps == LAST
     per_update = counter.total() / (LAST - FIRST)
     assert per_update <= MAX_READS_PER_UPDATE, f"{per_update:.2f} reads an update: {dict(counter.sites)}"
+    library_per_update = sum(counter.library_sites.values()) / (LAST - FIRST)
+    assert library_per_update <= MAX_LIBRARY_READS_PER_UPDATE, dict(counter.library_sites)
 
 
 def cpu_batch(lengths: list[int], first_id: int) -> dict:
@@ -128,7 +154,7 @@ def test_a_batch_without_padding_trains_the_same_without_its_mask(tiny_bert):
 
     model = AutoModelForTokenClassification.from_pretrained(tiny_bert, num_labels=3).train()
     batch = cpu_batch([6, 6, 6], first_id=0)
-    backend = SimpleNamespace(autocast=contextlib.nullcontext)
+    backend = SimpleNamespace(autocast=contextlib.nullcontext, unwrap_model=lambda model: model)
     results = []
     for inputs in (batch, {k: v for k, v in batch.items() if k != "attention_mask"}):
         torch.manual_seed(0)
@@ -137,3 +163,19 @@ def test_a_batch_without_padding_trains_the_same_without_its_mask(tiny_bert):
     (with_mask, grads_with), (without, grads_without) = results
     assert torch.equal(with_mask, without)
     assert all(torch.equal(a, b) for a, b in zip(grads_with, grads_without, strict=True))
+
+
+def test_unread_updates_keep_no_batch_once_it_is_trained():
+    """Unread updates keep what the logs read later (shapes, fingerprint), not the micro-batches: with
+    --logging-steps 0 and no evaluation they stay unread for a whole epoch, which would keep every batch of it in
+    device memory."""
+    unread = UnreadUpdates()
+    batch = {"input_ids": torch.ones(2, 3, dtype=torch.long), "labels": torch.zeros(2, 3, dtype=torch.long)}
+    watched = [weakref.ref(tensor) for tensor in batch.values()]
+    update = Update([batch], labelled_tokens=6, batch_shapes=[[2, 3, 6]], fingerprint=7)
+    unread.add(update, DeviceValues(torch.tensor(3.0), torch.tensor(6.0), None))
+    del update, batch
+    gc.collect()
+    assert [ref() for ref in watched] == [None, None]
+    [record] = unread.read_into(TrainState())
+    assert (record.loss, record.batch_shapes, record.fingerprint) == (0.5, [[2, 3, 6]], 7)

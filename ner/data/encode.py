@@ -20,13 +20,14 @@ import dataclasses
 import hashlib
 import itertools
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ner.data.batching import fixed_shape_batches
+from ner.data.batching import bucket_width, fixed_shape_batches
 from ner.data.examples import Example
 from ner.files import staged_file
 
@@ -313,6 +314,12 @@ def collate_tensors(features: list[Feature], pad_token_id: int, pad_to_multiple_
     import torch
 
     return {key: torch.from_numpy(value) for key, value in collate(features, pad_token_id, pad_to_multiple_of).items()}
+
+
+def collate_to_bucket(features: list[Feature], pad_token_id: int, widths: Sequence[int]) -> dict[str, torch.Tensor]:
+    """Training's collate under a token budget: the batch padded to its longest window's width bucket
+    (batching.width_buckets; a multiple of that width is the width itself, since no window is wider)."""
+    return collate_tensors(features, pad_token_id, bucket_width(max(len(f.input_ids) for f in features), widths))
 
 
 def owned_positions(word_index: np.ndarray) -> tuple[tuple[np.ndarray, np.ndarray], np.ndarray]:

@@ -137,8 +137,8 @@ class TrainConfig:
                                choices=("foreach", "fused", "for-loop"), resume=AddedLater("foreach"))
     # May change on resume: the same function, compiled or not (losses agree to 1e-5, tests/test_compile.py).
     compile: str = _opt(
-        "auto", "torch.compile the model (inductor; shapes become dynamic after the second padded width, so a run "
-        "compiles a few graphs, not one per width); auto: off, the faster choice wherever it was measured "
+        "auto", "torch.compile the training step's forward pass, loss and backward (inductor, a graph per batch "
+        "shape, a few an epoch; CUDA graphs on CUDA); auto: off, the faster choice wherever it was measured "
         "(docs/performance.md, \"Compiled steps\"); not with --data-parallel", choices=("auto", "on", "off"),
         resume=MAY_CHANGE)
     # May change on resume: where encoded data is cached; a cached encoding equals a fresh one.

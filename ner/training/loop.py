@@ -23,6 +23,7 @@ from torch.optim.lr_scheduler import LRScheduler
 
 from ner.backends import Backend
 from ner.data.encode import IGNORE_INDEX, model_inputs
+from ner.training.model import attention_mask_as_given
 
 log = logging.getLogger(__name__)
 
@@ -47,15 +48,26 @@ class TrainState:
         return asdict(self)
 
 
-def token_loss_sum(model: torch.nn.Module, batch: dict, backend: Backend) -> tuple[torch.Tensor, torch.Tensor]:
-    """Summed cross-entropy over labelled tokens, and the logits."""
-    with backend.autocast():
-        logits = model(**model_inputs(batch)).logits
+def loss_and_logits(model: torch.nn.Module, encoder: torch.nn.Module, inputs: dict,
+                    labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed cross-entropy over labelled tokens, and the logits: the unit `--compile on` compiles (the mask, the
+    forward pass, the loss, and through AOTAutograd their backward). `encoder`: the model unwrapped."""
+    if "attention_mask" in inputs:
+        inputs = {**inputs, "attention_mask": attention_mask_as_given(encoder, inputs["attention_mask"])}
+    logits = model(**inputs).logits
     # Loss in fp32 outside the model: under nn.DataParallel this sees the gathered logits
     # of all replicas, so the reduction is over the whole batch, like the other backends.
-    loss_sum = F.cross_entropy(logits.float().flatten(0, 1), batch["labels"].flatten(),
-                               ignore_index=IGNORE_INDEX, reduction="sum")
+    loss_sum = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX,
+                               reduction="sum")
     return loss_sum, logits
+
+
+def token_loss_sum(model: torch.nn.Module, batch: dict, backend: Backend,
+                   compute=loss_and_logits) -> tuple[torch.Tensor, torch.Tensor]:
+    """loss_and_logits (or `compute`, its compiled form) of a batch, under the backend's autocast (which leaves
+    the fp32 loss of fp32 logits as it is)."""
+    with backend.autocast():
+        return compute(model, backend.unwrap_model(model), model_inputs(batch), batch["labels"])
 
 
 # Updates whose CPU batches are fetched and counted together: one read of host memory per window, none per update.
@@ -146,7 +158,8 @@ class DeviceValues:
 
 
 def train_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: LRScheduler,
-                 update: Update, backend: Backend, max_grad_norm: float) -> tuple[DeviceValues, bool]:
+                 update: Update, backend: Backend, max_grad_norm: float,
+                 compute=loss_and_logits) -> tuple[DeviceValues, bool]:
     """One optimizer update over this rank's micro-batches.
 
     Returns its loss, token count and gradient norm, still on the device, and whether the weights changed:
@@ -163,7 +176,7 @@ def train_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sched
         is_last = i == len(update.micro_batches) - 1
         # Micro-steps that do not update skip DDP's gradient all-reduce.
         with contextlib.nullcontext() if is_last else backend.no_sync(model):
-            loss_sum, _ = token_loss_sum(model, batch, backend)
+            loss_sum, _ = token_loss_sum(model, batch, backend, compute)
             backend.backward(loss_sum * scale)
         loss_total += loss_sum.detach()
     grad_norm = backend.clip_grad_norm_(model.parameters(), max_grad_norm) if max_grad_norm > 0 else None
@@ -191,21 +204,23 @@ class UnreadUpdates:
 
     def __init__(self) -> None:
         self.values: list[DeviceValues] = []
-        self.updates: list[Update] = []
+        self.known: list[tuple[list[list[int]], int]] = []  # (batch shapes, fingerprint) of each update
 
     def add(self, update: Update, values: DeviceValues) -> None:
+        """Keeps what the host knows of `update`, never its micro-batches: unread for a whole epoch (no logging, no
+        evaluation), they would hold the epoch's batches in device memory."""
         self.values.append(values)
-        self.updates.append(update)
+        self.known.append((update.batch_shapes, update.fingerprint))
 
     def read_into(self, state: TrainState) -> list[UpdateRecord]:
         """Append the unread updates' losses and fingerprints to `state`; returns them, oldest first."""
         if not self.values:
             return []
-        records = [UpdateRecord(loss / max(tokens, 1.0), norm, update.batch_shapes, update.fingerprint)
-                   for (loss, tokens, norm), update in zip(self._read(), self.updates, strict=True)]
+        records = [UpdateRecord(loss / max(tokens, 1.0), norm, shapes, fingerprint)
+                   for (loss, tokens, norm), (shapes, fingerprint) in zip(self._read(), self.known, strict=True)]
         state.step_losses += [record.loss for record in records]
         state.step_batches += [record.fingerprint for record in records]
-        self.values, self.updates = [], []
+        self.values, self.known = [], []
         return records
 
     def _read(self) -> list[tuple[float, float, float | None]]:
@@ -227,20 +242,22 @@ class Hooks(Protocol):
 
 def fit(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: LRScheduler,
         train_loader: Iterable[dict], backend: Backend, state: TrainState, total_steps: int,
-        num_epochs: int | None, accumulation: int, max_grad_norm: float, hooks: Hooks) -> TrainState:
+        num_epochs: int | None, accumulation: int, max_grad_norm: float, hooks: Hooks,
+        compute=loss_and_logits) -> TrainState:
     """Epochs of updates until `total_steps` or an early stop; resumes from `state` (epoch and batch position).
 
     `global_step` counts updates attempted (each consumes its batches); one skipped on fp16
     overflow is listed in `state.skipped_steps`, so the scheduler has stepped
     `global_step - len(skipped_steps)` times. Losses reach `state.step_losses` when the hooks read them
-    (logging, evaluation, checkpoint) and, at the latest, before this returns.
+    (logging, evaluation, checkpoint) and, at the latest, before this returns. `compute`: loss_and_logits, or
+    its compiled form (model.compile_loss).
     """
     unread = UnreadUpdates()
     while (state.stop_reason is None and state.global_step < total_steps
            and (num_epochs is None or state.epoch < num_epochs)):
         backend.set_epoch(train_loader, state.epoch, state.batches_done)
         for update in grouped(train_loader, accumulation, backend.device):
-            values, stepped = train_update(model, optimizer, scheduler, update, backend, max_grad_norm)
+            values, stepped = train_update(model, optimizer, scheduler, update, backend, max_grad_norm, compute)
             unread.add(update, values)
             state.global_step += 1
             state.batches_done += len(update.micro_batches)

@@ -7,6 +7,7 @@ import logging
 import math
 import os
 import re
+import sys
 from pathlib import Path
 
 import torch
@@ -104,18 +105,68 @@ def build_model(name: str, label_list: list[str], trust_remote_code: bool = Fals
     return model
 
 
+# transformers' builder of each kind of layer's mask from a 2D padding mask (masking_utils); a family whose modeling
+# module imports them builds its masks there, and takes a built one as given.
+MASK_BUILDERS = {"full_attention": "create_bidirectional_mask",
+                 "sliding_attention": "create_bidirectional_sliding_window_mask"}
+
+
+def builds_masks_with_masking_utils(model_class: type, layer_types: tuple[str, ...]) -> bool:
+    """Whether the family of `model_class` builds the mask of each of its kinds of layer with masking_utils."""
+    from transformers import masking_utils
+
+    family = sys.modules[model_class.__module__]
+    builders = [MASK_BUILDERS.get(kind) for kind in layer_types]
+    return all(name and getattr(family, name, None) is getattr(masking_utils, name) for name in builders)
+
+
+def attention_mask_as_given(encoder: torch.nn.Module, attention_mask: torch.Tensor):
+    """A padded batch's mask built on the device, as transformers builds it itself, for it to take as given.
+
+    Given a 2D mask, masking_utils first asks whether it may drop it (`padding_mask.all()`), a read that waits
+    for the device on every batch. The loop hands over only masks with padding (to_device drops the others),
+    where the answer is no, so building the mask with that check off gives the same mask, and so the same
+    numbers. A 4D mask (one kind of layer) or a mapping per kind (ModernBERT's full and sliding-window layers)
+    is what those families take as built; a family that builds its own (DeBERTa, which reads nothing) gets the
+    2D mask. Dtype: the model's, which is the embeddings' dtype transformers uses (autocast leaves them fp32).
+    """
+    from transformers import masking_utils
+
+    layer_types = getattr(encoder.config, "layer_types", None)
+    kinds = tuple(sorted(set(layer_types or ["full_attention"])))
+    if not builds_masks_with_masking_utils(type(encoder.base_model), kinds):
+        return attention_mask
+    shape_only = torch.empty((*attention_mask.shape, 0), dtype=encoder.dtype, device=attention_mask.device)
+    masks = {kind: getattr(masking_utils, MASK_BUILDERS[kind])(
+        config=encoder.config, inputs_embeds=shape_only, attention_mask=attention_mask,
+        allow_is_bidirectional_skip=False) for kind in kinds}
+    return masks if layer_types else masks["full_attention"]
+
+
 COMPILE_BACKEND = "inductor"  # torch.compile's backend (tests count the graphs with one of their own)
+COMPILE_MODES = {"cuda": "reduce-overhead"}  # by device type: CUDA graphs; elsewhere torch.compile's default
 
 
-def compile_model(model: torch.nn.Module, max_widths: int) -> None:
-    """Compile the model in place (nn.Module.compile: the state_dict keeps its keys, no `_orig_mod.`).
-    dynamic=None: the first padded width compiles a static graph, a second one a graph with dynamic sizes
-    that serves every later width; `max_widths` lifts dynamo's recompile limit so that no graph ever falls
-    back to eager without saying so (a test bounds the graphs by the widths)."""
+def compile_loss(loss_and_logits, device_type: str, max_shapes: int):
+    """`loss_and_logits` (loop.py: mask, forward pass, loss; AOTAutograd compiles their backward with them)
+    compiled with static shapes: batching gives a few (rows, width) shapes an epoch (batching.py), one graph each.
+    On CUDA, mode="reduce-overhead" replays each as a CUDA graph, so an update launches a few graphs instead of
+    hundreds of kernels; elsewhere the default mode. The optimizer step stays outside: the schedule steps the
+    learning rate on the host and fp16's skipped steps are decided there. `max_shapes` lifts dynamo's recompile
+    limit so that no shape falls back to eager without saying so (a test bounds the graphs by the shapes)."""
     import torch._dynamo
 
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, max_widths)
-    model.compile(backend=COMPILE_BACKEND, dynamic=None)
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, max_shapes)
+    compiled = torch.compile(loss_and_logits, backend=COMPILE_BACKEND, mode=COMPILE_MODES.get(device_type),
+                             dynamic=False)
+
+    def step(model: torch.nn.Module, encoder: torch.nn.Module, inputs: dict, labels: torch.Tensor):
+        if "attention_mask" not in inputs:  # a batch without padding (loop.to_device): the same graph as with one
+            inputs = {**inputs, "attention_mask": torch.ones_like(inputs["input_ids"])}
+        torch.compiler.cudagraph_mark_step_begin()  # each micro-batch is a new step: no output outlives it
+        return compiled(model, encoder, inputs, labels)
+
+    return step
 
 
 def has_token_classification_head(config) -> bool:

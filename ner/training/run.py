@@ -23,7 +23,7 @@ from ner.backends import ACCELERATE, Backend
 from ner.backends.trackers import TRACKERS_DIR, claim_tracker_files, unrecorded_tracker_files
 from ner.data.batching import TokenBudgetBatchSampler
 from ner.data.conll import write_predictions
-from ner.data.encode import cached_encode, collate_tensors, drop_casing, padded_lengths
+from ner.data.encode import cached_encode, collate_tensors, collate_to_bucket, drop_casing, padded_lengths
 from ner.data.examples import Columns, has_documents
 from ner.data.formats import Splits, load_splits
 from ner.data.tags import build_label_list, check_known_labels
@@ -44,12 +44,12 @@ from ner.training.export import (
     unrecorded,
 )
 from ner.training.hooks import RunHooks
-from ner.training.loop import TrainState, fit, updates_in_epoch
+from ner.training.loop import TrainState, fit, loss_and_logits, updates_in_epoch
 from ner.training.model import (
     build_model,
     build_optimizer,
     build_scheduler,
-    compile_model,
+    compile_loss,
     encoder_hidden_size,
     encoder_tokenizer,
     lowercases,
@@ -262,7 +262,16 @@ def train_sampler(cfg: TrainConfig, data: Prepared, world_size: int, batch_size:
                   max_tokens: int | None = None):
     return TokenBudgetBatchSampler(padded_lengths(data.train_features, cfg.pad_to_multiple_of),
                                    batch_size or cfg.batch_size, cfg.max_tokens if max_tokens is None else max_tokens,
-                                   cfg.seed, shuffle=True, num_replicas=world_size)
+                                   cfg.seed, shuffle=True, num_replicas=world_size,
+                                   pad_to_multiple_of=cfg.pad_to_multiple_of)
+
+
+def train_collate(cfg: TrainConfig, sampler: TokenBudgetBatchSampler, pad_token_id: int):
+    """Under a token budget, batches padded to their width bucket (a few shapes an epoch); else to the longest
+    window, rounded to --pad-to-multiple-of."""
+    if cfg.max_tokens > 0:
+        return partial(collate_to_bucket, pad_token_id=pad_token_id, widths=sampler.widths)
+    return partial(collate_tensors, pad_token_id=pad_token_id, pad_to_multiple_of=cfg.pad_to_multiple_of)
 
 
 def plan_epochs(sampler: TokenBudgetBatchSampler, cfg: TrainConfig, world_size: int) -> tuple[int, int | None]:
@@ -298,14 +307,13 @@ def run(cfg: TrainConfig, backend: Backend) -> dict:
     model = build_model(cfg.model, data.label_list, cfg.trust_remote_code, cfg.attn_implementation,
                         casing_types=cfg.casing == "types")
     model.to(backend.device)
-    if cfg.compile == "on":
-        compile_model(model, max_widths=cfg.max_seq_length // cfg.pad_to_multiple_of + 1)
+    max_shapes = 2 * (cfg.max_seq_length // cfg.pad_to_multiple_of + 1)  # a full and a short row count a width
+    compute = compile_loss(loss_and_logits, backend.device.type, max_shapes) if cfg.compile == "on" else loss_and_logits
     optimizer = build_optimizer(model, cfg.learning_rate, cfg.weight_decay, cfg.optimizer_impl)
     # A private generator: creating a DataLoader iterator draws a seed from it, and drawing from
     # the global RNG instead would shift dropout masks after a mid-epoch resume.
     loader = DataLoader(data.train_features, batch_sampler=sampler, generator=torch.Generator(),
-                        collate_fn=partial(collate_tensors, pad_token_id=data.tokenizer.pad_token_id,
-                                           pad_to_multiple_of=cfg.pad_to_multiple_of))
+                        collate_fn=train_collate(cfg, sampler, data.tokenizer.pad_token_id))
     model, optimizer, loader = backend.prepare(model, optimizer, loader)
     total_steps, num_epochs = plan_epochs(sampler, cfg, backend.num_processes)
     scheduler = build_scheduler(optimizer, cfg.lr_scheduler, total_steps, cfg.warmup_ratio)
@@ -322,7 +330,7 @@ def run(cfg: TrainConfig, backend: Backend) -> dict:
                     cfg.report_to, cfg.backend)
     hooks = RunHooks(cfg, backend, model, optimizer, scheduler, data, state, total_steps)
     fit(model, optimizer, scheduler, loader, backend, state, total_steps, num_epochs,
-        cfg.gradient_accumulation_steps, cfg.max_grad_norm, hooks)
+        cfg.gradient_accumulation_steps, cfg.max_grad_norm, hooks, compute)
     hooks.close()
     hooks.on_train_end(state, f"reached --max-steps {total_steps}" if num_epochs is None
                        else f"completed {num_epochs} epochs ({state.global_step} updates)")

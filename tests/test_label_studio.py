@@ -232,16 +232,21 @@ def label_studio_export(sentences: list[list[tuple[str, str]]]) -> list[dict]:
     return tasks
 
 
+def retraining_environment(monkeypatch, runs_dir, train_args: str) -> None:
+    """The retrainer's settings for a test: runs under `runs_dir`, no interval, a fake Label Studio and its key."""
+    monkeypatch.setenv("NER_RETRAIN_DIR", str(runs_dir))
+    monkeypatch.setenv("NER_RETRAIN_ARGS", train_args)
+    monkeypatch.setenv("NER_RETRAIN_MIN_INTERVAL_S", "0")
+    monkeypatch.setenv("LABEL_STUDIO_URL", "http://label-studio.test")
+    monkeypatch.setenv("LABEL_STUDIO_API_KEY", "tok")
+
+
 @pytest.fixture
 def retraining_app(tagger, random_model, tmp_path, monkeypatch):
     """(app, the requests the fake Label Studio got): the export is served by an httpx mock transport."""
     from conftest import make_sentences
 
-    monkeypatch.setenv("NER_RETRAIN_DIR", str(tmp_path / "runs"))
-    monkeypatch.setenv("NER_RETRAIN_ARGS", TINY_TRAINING)
-    monkeypatch.setenv("NER_RETRAIN_MIN_INTERVAL_S", "0")
-    monkeypatch.setenv("LABEL_STUDIO_URL", "http://label-studio.test")
-    monkeypatch.setenv("LABEL_STUDIO_API_KEY", "tok")
+    retraining_environment(monkeypatch, tmp_path / "runs", TINY_TRAINING)
     export = label_studio_export(make_sentences(24, seed=5))
     seen = []
 

@@ -146,13 +146,15 @@ def test_a_label_studio_retraining_swaps_in_a_model_the_runtime_runs(runtime, ex
     """START_TRAINING under --runtime R: ner.train writes R's files into the new final/ (RUNTIME_TRAIN_FLAGS), and the
     swap loads it with R, so the server answers with the new model_version."""
     from ner.inference.tagger import Tagger
-    from tests.test_label_studio import NER_CONFIG, label_studio_export, tasks_of, wait_for_training
+    from tests.test_label_studio import (
+        NER_CONFIG,
+        label_studio_export,
+        retraining_environment,
+        tasks_of,
+        wait_for_training,
+    )
 
-    monkeypatch.setenv("NER_RETRAIN_DIR", str(tmp_path / "runs"))
-    monkeypatch.setenv("NER_RETRAIN_ARGS", RETRAIN_ARGS)
-    monkeypatch.setenv("NER_RETRAIN_MIN_INTERVAL_S", "0")
-    monkeypatch.setenv("LABEL_STUDIO_URL", "http://label-studio.test")
-    monkeypatch.setenv("LABEL_STUDIO_API_KEY", "tok")
+    retraining_environment(monkeypatch, tmp_path / "runs", RETRAIN_ARGS)
     export = label_studio_export(make_sentences(24, seed=5))
     served = Tagger(exported, precision="no", runtime=runtime)
     app = create_app(served, exported, Limits(), label_studio=True)

@@ -28,7 +28,7 @@ from ner.data.examples import Example
 from ner.errors import UserError
 from ner.files import staged_file
 from ner.inference.model_folder import ModelSettings
-from ner.inference.options import RUNTIME_FILES, RUNTIMES
+from ner.inference.options import ONNX, ONNX_INT8, OPENVINO_INT8, RUNTIME_FILES, RUNTIMES
 from ner.inference.runtime import first_line, onnx_session
 
 MAX_LOGIT_DIFF = 1e-3
@@ -79,24 +79,24 @@ def write_onnx(model_dir: Path, quantize: str | None = None, calibrate: list[Exa
     outside = outside_id(model.config.id2label)
 
     def fp32_then_dynamic_int8() -> dict[str, float]:
-        with staged_file(model_dir / RUNTIME_FILES["onnx"][0]) as fp32:
+        with staged_file(model_dir / RUNTIME_FILES[ONNX][0]) as fp32:
             export_graph(model, model_inputs(batches[0]), fp32)
             measured = {"max_logit_diff": check_fp32(fp32, batches, references)}
             if quantize == "int8":
-                measured |= gated(("onnx-int8",), refused, lambda: write_dynamic_int8(
+                measured |= gated((ONNX_INT8,), refused, lambda: write_dynamic_int8(
                     model_dir, fp32, batches, references, outside))
         return measured
 
     measured = gated(READS_MODEL_ONNX, refused, fp32_then_dynamic_int8)
-    if quantize == "int8" and calibrate is not None and "onnx" in (refused or {}):
-        refused["openvino-int8"] = f"made from {RUNTIME_FILES['onnx'][0]}, which was refused"
+    if quantize == "int8" and calibrate is not None and ONNX in (refused or {}):
+        refused[OPENVINO_INT8] = f"made from {RUNTIME_FILES[ONNX][0]}, which was refused"
     elif quantize == "int8" and calibrate is not None:
-        measured |= gated(("openvino-int8",), refused, lambda: write_static_int8(
+        measured |= gated((OPENVINO_INT8,), refused, lambda: write_static_int8(
             model_dir, calibrate, batches, references, outside))
     return measured
 
 
-READS_MODEL_ONNX = tuple(runtime for runtime in RUNTIMES if RUNTIME_FILES[runtime] == RUNTIME_FILES["onnx"])
+READS_MODEL_ONNX = tuple(runtime for runtime in RUNTIMES if RUNTIME_FILES[runtime] == RUNTIME_FILES[ONNX])
 
 
 def gated(runtimes: tuple[str, ...], refused: dict[str, str] | None, write) -> dict[str, float]:
@@ -115,7 +115,7 @@ def gated(runtimes: tuple[str, ...], refused: dict[str, str] | None, write) -> d
 def write_dynamic_int8(model_dir: Path, fp32: Path, batches: list[dict[str, np.ndarray]],
                        references: list[np.ndarray], outside: int) -> dict[str, float]:
     """model.int8.onnx from the staged fp32 file, kept only past its gate; the measured agreement."""
-    with staged_file(model_dir / RUNTIME_FILES["onnx-int8"][0]) as int8:
+    with staged_file(model_dir / RUNTIME_FILES[ONNX_INT8][0]) as int8:
         quantize_int8(fp32, int8)
         return check_int8(lambda batch, path=int8: run_session(path, batch), batches, references, outside)
 

@@ -21,7 +21,7 @@ import numpy as np
 from ner.data.encode import collate, model_inputs
 from ner.data.examples import Example
 from ner.errors import UserError
-from ner.inference.options import PAD_TO_MULTIPLE_OF, RUNTIME_FILES
+from ner.inference.options import ONNX, OPENVINO_INT8, PAD_TO_MULTIPLE_OF, RUNTIME_FILES
 
 log = logging.getLogger("ner")
 CALIBRATION_WINDOWS = 300  # windows whose activation ranges set the scales (NNCF's default subset is 300)
@@ -43,7 +43,7 @@ def calibration_batches(model_dir: Path, examples: list[Example]) -> list[dict[s
     own padded width, as `Tagger(model_dir)` would encode them."""
     from ner.inference.tagger import Tagger
 
-    tagger = Tagger(model_dir, runtime="onnx")
+    tagger = Tagger(model_dir, runtime=ONNX)
     examples = [e for e in examples if e.words]
     if not examples:
         raise UserError("no sentences to calibrate the static int8 model on; pass the training file")
@@ -60,7 +60,7 @@ def quantize_static(model_dir: Path, examples: list[Example]) -> Path:
     import openvino
 
     batches = calibration_batches(model_dir, examples)
-    model = openvino.Core().read_model(str(model_dir / RUNTIME_FILES["onnx"][0]))
+    model = openvino.Core().read_model(str(model_dir / RUNTIME_FILES[ONNX][0]))
     nncf_log = logging.getLogger("nncf")
     level = nncf_log.level
     nncf_log.setLevel(logging.ERROR)  # its progress bars and notes are not the user's business
@@ -69,12 +69,12 @@ def quantize_static(model_dir: Path, examples: list[Example]) -> Path:
                                   subset_size=len(batches))
     finally:
         nncf_log.setLevel(level)
-    xml = model_dir / RUNTIME_FILES["openvino-int8"][0]
+    xml = model_dir / RUNTIME_FILES[OPENVINO_INT8][0]
     openvino.save_model(quantized, str(xml))  # and model.int8.bin beside it
     log.info("static int8 calibrated on %d windows of %d sentences", len(batches), len(examples))
     return xml
 
 
 def remove_static(model_dir: Path) -> None:
-    for name in RUNTIME_FILES["openvino-int8"]:
+    for name in RUNTIME_FILES[OPENVINO_INT8]:
         (model_dir / name).unlink(missing_ok=True)

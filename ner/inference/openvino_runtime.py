@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from ner.errors import UserError
+from ner.inference.options import ONNX, OPENVINO, TORCH
 from ner.inference.runtime import Batch, export_command, first_line, passes_at_once, runtime_threads, warn_runs_on_cpu
 
 INSTALL = 'OpenVINO runtimes need openvino: pip install -e ".[openvino]"'
@@ -48,14 +49,14 @@ class OpenVinoRuntime:
     device_type = "cpu"  # what runs the passes: picks the default batch budget (options.inference_budget)
     threads_per_forward = 1  # see the module's docstring
 
-    def __init__(self, path: Path, num_labels: int, precision: str = "auto", runtime: str = "openvino",
+    def __init__(self, path: Path, num_labels: int, precision: str = "auto", runtime: str = OPENVINO,
                  device: str | None = None):
         try:
             import openvino
         except ImportError:
             raise UserError(INSTALL) from None
-        warn_runs_on_cpu(path, device, "OpenVINO", f"--runtime {runtime} uses the CPU only (--runtime torch, or "
-                         f"onnx where onnxruntime has the device's provider, can use it)")
+        warn_runs_on_cpu(path, device, "OpenVINO", f"--runtime {runtime} uses the CPU only (--runtime {TORCH}, or "
+                         f"{ONNX} where onnxruntime has the device's provider, can use it)")
         core = openvino.Core()
         self.precision = openvino_precision(precision, cpu_capabilities(core))
         # the threads an ONNX session would get: OMP_NUM_THREADS (what ner.serve --workers sets), else torch's

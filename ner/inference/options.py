@@ -60,10 +60,15 @@ def inference_batch_limits(batch_size: int, max_tokens: int) -> tuple[int, int]:
 
 
 # What computes the logits at inference (inference/runtime.py, inference/openvino_runtime.py), and the files of the
-# model folder that only it reads (the weights, config and tokenizer count for every runtime)
-RUNTIME_FILES = {"torch": (), "onnx": ("model.onnx",), "onnx-int8": ("model.int8.onnx",),
-                 "openvino": ("model.onnx",), "openvino-int8": ("model.int8.xml", "model.int8.bin")}
-RUNTIMES = tuple(RUNTIME_FILES)
+# model folder that only it reads (the weights, config and tokenizer count for every runtime). The names are declared
+# once, here: config, command line, tables and tests read the constants.
+TORCH, ONNX, ONNX_INT8, OPENVINO, OPENVINO_INT8 = RUNTIMES = ("torch", "onnx", "onnx-int8", "openvino", "openvino-int8")
+RUNTIME_FILES = {TORCH: (), ONNX: ("model.onnx",), ONNX_INT8: ("model.int8.onnx",),
+                 OPENVINO: ("model.onnx",), OPENVINO_INT8: ("model.int8.xml", "model.int8.bin")}
+RUNTIME_PACKAGES = {TORCH: ("torch",), ONNX: ("onnxruntime",), ONNX_INT8: ("onnxruntime",),
+                    OPENVINO: ("openvino",), OPENVINO_INT8: ("openvino",)}
+# The runtimes OpenVINO runs (on the CPU only, without torch): read from the packages each needs
+OPENVINO_RUNTIMES = tuple(runtime for runtime in RUNTIMES if "openvino" in RUNTIME_PACKAGES[runtime])
 # --runtime's default: the fastest of RUNTIMES for the device that the export's files allow (resolve_runtime, below)
 AUTO_RUNTIME = "auto"
 RUNTIME_CHOICES = (AUTO_RUNTIME, *RUNTIMES)
@@ -76,8 +81,8 @@ FAST_RUNTIMES_COMMAND = "python -m ner.export {model} {model} " + FAST_RUNTIMES_
 # The ner.train flags that write each runtime's files into OUTPUT_DIR/final (checked against PyTorch, and calibrated
 # on the training data where the runtime needs it): Label Studio's retraining passes the served runtime's, so the
 # model it swaps in can be run the way the server runs. Every runtime says; () where the weights alone do.
-RUNTIME_TRAIN_FLAGS = {"torch": (), "onnx": (FAST_RUNTIMES_FLAG,), "onnx-int8": (FAST_RUNTIMES_FLAG,),
-                       "openvino": (FAST_RUNTIMES_FLAG,), "openvino-int8": (FAST_RUNTIMES_FLAG,)}
+RUNTIME_TRAIN_FLAGS = {TORCH: (), ONNX: (FAST_RUNTIMES_FLAG,), ONNX_INT8: (FAST_RUNTIMES_FLAG,),
+                       OPENVINO: (FAST_RUNTIMES_FLAG,), OPENVINO_INT8: (FAST_RUNTIMES_FLAG,)}
 
 
 MIN_SEQ_LENGTH = 8  # [CLS], [SEP] and a few words
@@ -160,45 +165,43 @@ def add_inference_arguments(parser: argparse.ArgumentParser) -> None:
 # measured on that class; the reason says which measurement it follows. docs/performance.md has the table.
 RUNTIME_ORDER: dict[str, tuple[tuple[str, str], ...]] = {
     "amx": (
-        ("openvino", "bf16 on AMX, 53,931 tokens/s a forward"),
-        ("openvino-int8", "reasoned: OpenVINO runs int8 on AMX too; not measured on AMX"),
-        ("onnx-int8", "28,063 tokens/s a forward"),
-        ("torch", "bf16, 20,943 tokens/s a forward"),
-        ("onnx", "reasoned: fp32, no AMX units; not measured on AMX")),
+        (OPENVINO, "bf16 on AMX, 53,931 tokens/s a forward"),
+        (OPENVINO_INT8, "reasoned: OpenVINO runs int8 on AMX too; not measured on AMX"),
+        (ONNX_INT8, "28,063 tokens/s a forward"),
+        (TORCH, "bf16, 20,943 tokens/s a forward"),
+        (ONNX, "reasoned: fp32, no AMX units; not measured on AMX")),
     "avx512-vnni-bf16": (
-        ("openvino-int8", "8.54x a pipeline"),
-        ("openvino", "bf16, 6.69x a pipeline"),
-        ("onnx-int8", "5.13x a pipeline"),
-        ("torch", "bf16, 4.32x a pipeline"),
-        ("onnx", "3.55x a pipeline")),
+        (OPENVINO_INT8, "8.54x a pipeline"),
+        (OPENVINO, "bf16, 6.69x a pipeline"),
+        (ONNX_INT8, "5.13x a pipeline"),
+        (TORCH, "bf16, 4.32x a pipeline"),
+        (ONNX, "3.55x a pipeline")),
     "avx512-vnni": (
-        ("openvino-int8", "reasoned: the 8.54x of AVX-512 VNNI with BF16 is int8 on VNNI (a bf16 hint gained nothing)"),
-        ("onnx-int8", "reasoned: the 5.13x of AVX-512 VNNI with BF16, int8 on VNNI"),
-        ("openvino", "reasoned: fp32 without bf16 units, as on AVX2 (2.73x a pipeline)"),
-        ("onnx", "reasoned: fp32, as on AVX2 (2.62x a pipeline)"),
-        ("torch", "reasoned: fp32, as on AVX2 (2.24x a pipeline)")),
+        (OPENVINO_INT8, "reasoned: the 8.54x of AVX-512 VNNI with BF16 is int8 on VNNI (a bf16 hint gained nothing)"),
+        (ONNX_INT8, "reasoned: the 5.13x of AVX-512 VNNI with BF16, int8 on VNNI"),
+        (OPENVINO, "reasoned: fp32 without bf16 units, as on AVX2 (2.73x a pipeline)"),
+        (ONNX, "reasoned: fp32, as on AVX2 (2.62x a pipeline)"),
+        (TORCH, "reasoned: fp32, as on AVX2 (2.24x a pipeline)")),
     "avx2": (
-        ("onnx-int8", "3.53x a pipeline"),
-        ("openvino", "fp32, 2.73x a pipeline"),
-        ("onnx", "2.62x a pipeline"),
-        ("torch", "fp32, 2.24x a pipeline"),
-        ("openvino-int8", "1.99x a pipeline: int8 without VNNI gains little in OpenVINO's kernels")),
+        (ONNX_INT8, "3.53x a pipeline"),
+        (OPENVINO, "fp32, 2.73x a pipeline"),
+        (ONNX, "2.62x a pipeline"),
+        (TORCH, "fp32, 2.24x a pipeline"),
+        (OPENVINO_INT8, "1.99x a pipeline: int8 without VNNI gains little in OpenVINO's kernels")),
     "arm": (
-        ("onnx-int8", "reasoned: onnxruntime's integer kernels use Arm's dot-product instructions; AVX2's order"),
-        ("onnx", "reasoned: AVX2's order (2.62x a pipeline there)"),
-        ("torch", "reasoned: AVX2's order (2.24x a pipeline there)"),
-        ("openvino", "reasoned: OpenVINO's Arm plugin is not measured"),
-        ("openvino-int8", "reasoned: OpenVINO's Arm plugin is not measured")),
+        (ONNX_INT8, "reasoned: onnxruntime's integer kernels use Arm's dot-product instructions; AVX2's order"),
+        (ONNX, "reasoned: AVX2's order (2.62x a pipeline there)"),
+        (TORCH, "reasoned: AVX2's order (2.24x a pipeline there)"),
+        (OPENVINO, "reasoned: OpenVINO's Arm plugin is not measured"),
+        (OPENVINO_INT8, "reasoned: OpenVINO's Arm plugin is not measured")),
     "gpu": (
-        ("torch", "the GPU budgets of docs/performance.md; onnxruntime's CUDA provider is not measured"),
-        ("onnx", "not measured on a GPU"), ("onnx-int8", "not measured on a GPU"),
-        ("openvino", "CPU only"), ("openvino-int8", "CPU only")),
+        (TORCH, "the GPU budgets of docs/performance.md; onnxruntime's CUDA provider is not measured"),
+        (ONNX, "not measured on a GPU"), (ONNX_INT8, "not measured on a GPU"),
+        (OPENVINO, "CPU only"), (OPENVINO_INT8, "CPU only")),
 }
 CPU_CLASS_HELP = {"amx": "AMX (amx_bf16)", "avx512-vnni-bf16": "AVX-512 VNNI and BF16, no AMX",
                   "avx512-vnni": "AVX-512 VNNI without BF16", "avx2": "x86 without VNNI (AVX2-only and older)",
                   "arm": "Arm (aarch64)", "gpu": "a GPU"}
-RUNTIME_PACKAGES = {"torch": ("torch",), "onnx": ("onnxruntime",), "onnx-int8": ("onnxruntime",),
-                    "openvino": ("openvino",), "openvino-int8": ("openvino",)}
 INSTALL = {"torch": "pip install torch", "onnxruntime": 'pip install -e ".[onnx]"',
            "openvino": 'pip install -e ".[openvino]"'}
 
@@ -268,7 +271,7 @@ def choose(device_class: str, model_dir: Path, installed=importlib.util.find_spe
         if fix is None:
             return Choice(runtime, device_class, figure, tuple(faster))
         faster.append((runtime, figure, fix))
-    return Choice("torch", device_class, dict(RUNTIME_ORDER[device_class])["torch"], tuple(faster))
+    return Choice(TORCH, device_class, dict(RUNTIME_ORDER[device_class])[TORCH], tuple(faster))
 
 
 def device_class_of(device: str | None) -> str:

@@ -34,8 +34,10 @@ from ner.inference.entities import drop_below, entities
 from ner.inference.model_folder import ModelSettings, max_positions, model_labels, read_model_json
 from ner.inference.openvino_runtime import OpenVinoRuntime
 from ner.inference.options import (
+    OPENVINO_RUNTIMES,
     PAD_TO_MULTIPLE_OF,
     RUNTIME_CHOICES,
+    TORCH,
     check_max_seq_length,
     inference_budget,
     parse_min_score,
@@ -84,7 +86,7 @@ class Tagger:
 
     def __init__(self, model_dir: str | Path, device: str | None = None, precision: str = "auto",
                  max_seq_length: int | None = None, pad_to_multiple_of: int = PAD_TO_MULTIPLE_OF,
-                 context: str = "auto", decode: str | None = None, runtime: str = "torch",
+                 context: str = "auto", decode: str | None = None, runtime: str = TORCH,
                  min_score: str | list[str] | None = None) -> None:
         import transformers
 
@@ -119,13 +121,13 @@ class Tagger:
 
     def _load_runtime(self, model_dir: Path, num_labels: int, device: str | None, precision: str) -> Runtime:
         """Sets `device` and `precision` too: for ONNX, the device type as a string and "no" (no autocast)."""
-        if self.runtime_name.startswith("openvino"):  # the CPU, and no torch either
+        if self.runtime_name in OPENVINO_RUNTIMES:  # the CPU, and no torch either
             self.device = "cpu"
             runtime = OpenVinoRuntime(runtime_path(model_dir, self.runtime_name), num_labels, precision,
                                       self.runtime_name, device)
             self.precision = runtime.precision
             return runtime
-        if self.runtime_name != "torch":  # the ONNX file alone: the PyTorch weights (and torch) are never loaded
+        if self.runtime_name != TORCH:  # the ONNX file alone: the PyTorch weights (and torch) are never loaded
             self.device, self.precision = onnx_device_type(device), "no"
             return OnnxRuntime(runtime_path(model_dir, self.runtime_name), num_labels, self.device)
         import torch

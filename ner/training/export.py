@@ -14,7 +14,7 @@ from ner.data.examples import Example
 from ner.errors import UserError
 from ner.files import RECORD, file_entry, read_record, staged_folder, write_record
 from ner.files import unrecorded as unrecorded_files
-from ner.inference.options import FAST_RUNTIMES_FLAG, RUNTIME_FILES, RUNTIMES
+from ner.inference.options import FAST_RUNTIMES_FLAG, ONNX, ONNX_INT8, OPENVINO_INT8, RUNTIME_FILES, RUNTIMES
 from ner.metrics import best_evaluation
 from ner.training.checkpoint import CHECKPOINT_TOOL, MANIFEST, read_state, verify
 from ner.training.model_card import model_card
@@ -111,7 +111,7 @@ def checkpoint_export_names(checkpoint: Path | None) -> set[str]:
 def onnx_names(onnx: bool, quantize: str | None, calibrate: list[Example] | None = None) -> set[str]:
     """The files add_onnx writes."""
     quantized = bool(onnx and quantize)
-    runtimes = ["onnx"] * onnx + ["onnx-int8"] * quantized + ["openvino-int8"] * (quantized and calibrate is not None)
+    runtimes = [ONNX] * onnx + [ONNX_INT8] * quantized + [OPENVINO_INT8] * (quantized and calibrate is not None)
     return {name for runtime in runtimes for name in RUNTIME_FILES[runtime]}
 
 

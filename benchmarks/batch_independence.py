@@ -26,6 +26,7 @@ from pathlib import Path
 from unittest import mock
 
 from benchmarks.inference import sentence_texts
+from ner.inference.options import RUNTIMES, TORCH
 
 PLANS = {"sorted 64x8192": (64, 8192), "fixed 1 row": (1, 0), "fixed 64x128": (64, 128),
          "fixed 64x512": (64, 512), "fixed 64x8192": (64, 8192)}
@@ -92,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sample", type=int, default=300, help="texts also tagged alone")
     parser.add_argument("--precisions", nargs="+", default=["bf16", "no"])
     parser.add_argument("--plans", nargs="+", default=list(PLANS), help=f"{', '.join(PLANS)} or 'fixed RxT'")
-    parser.add_argument("--runtime", default="torch", help="torch, onnx or onnx-int8 (ner.predict's --runtime)")
+    parser.add_argument("--runtime", default=TORCH, choices=RUNTIMES, help="ner.predict's --runtime")
     parser.add_argument("--passes", nargs="+", default=list(PASSES), choices=PASSES,
                         help="CPU torch passes: one thread each (the default), or one pass at a time on all threads")
     parser.add_argument("--json", type=Path, help="also write every row as JSON")

@@ -24,6 +24,7 @@ from pathlib import Path
 from benchmarks.measure import contention, run_measured
 from ner.data.conll import read_conll
 from ner.errors import UserError
+from ner.inference.options import ONNX, ONNX_INT8, TORCH
 
 ROOT = Path(__file__).resolve().parents[1]
 MARKER = ".made-by-benchmarks"
@@ -67,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--texts", type=int, default=12000, help="texts to tag (the sentences, cycled)")
     parser.add_argument("--layouts", nargs="+", default=["1x2", "2x1"],
                         help="PROCESSESxTHREADS; the first is the baseline")
-    parser.add_argument("--runtime", default="onnx-int8", choices=("torch", "onnx", "onnx-int8"))
+    parser.add_argument("--runtime", default=ONNX_INT8, choices=(TORCH, ONNX, ONNX_INT8))
     parser.add_argument("--chunk-texts", type=int, default=None, help="ner.predict --chunk-texts (default: its own)")
     parser.add_argument("--out", type=Path, required=True, help="a new folder, or one this benchmark made")
     args = parser.parse_args(argv)

@@ -30,12 +30,24 @@ from pathlib import Path
 
 from benchmarks.measure import inference_flops, measure_peak_flops, model_shape, run_measured, runtime_matmul_peak
 from ner.data.conll import read_conll
-from ner.inference.options import AUTO_RUNTIME, RUNTIME_CHOICES, choose, this_cpu_class
+from ner.inference.options import (
+    AUTO_RUNTIME,
+    ONNX,
+    ONNX_INT8,
+    OPENVINO,
+    OPENVINO_INT8,
+    RUNTIME_CHOICES,
+    RUNTIME_PACKAGES,
+    RUNTIMES,
+    TORCH,
+    choose,
+    this_cpu_class,
+)
 from scripts.raw_text_f1 import detokenize, prf
 
 ROWS = ("pipeline", *RUNTIME_CHOICES)
 # torch and openvino: what ner.predict's auto resolves to (bf16 where the CPU has it)
-PRECISION = {"pipeline": "fp32", "onnx": "fp32", "onnx-int8": "int8", "openvino-int8": "int8"}
+PRECISION = {"pipeline": "fp32", ONNX: "fp32", ONNX_INT8: "int8", OPENVINO_INT8: "int8"}
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -77,8 +89,8 @@ def child(row: str, model_dir: Path, conll: Path, limit: int | None, result: Pat
                                   "words_per_s": words / seconds, "sentences": len(texts), **prf(gold, predicted)}))
 
 
-ENGINE = {"pipeline": "torch", "torch": "torch", "onnx": "onnxruntime", "onnx-int8": "onnxruntime",
-          "openvino": "openvino", "openvino-int8": "openvino"}  # what runs each row's matmuls
+# What runs each row's matmuls: the package each runtime needs (the pipeline is transformers' on torch)
+ENGINE = {"pipeline": RUNTIME_PACKAGES[TORCH][0], **{runtime: RUNTIME_PACKAGES[runtime][0] for runtime in RUNTIMES}}
 
 
 def print_mfu(model_dir: Path, conll: Path, limit: int | None, seconds: dict[str, float]) -> None:
@@ -95,11 +107,11 @@ def print_mfu(model_dir: Path, conll: Path, limit: int | None, seconds: dict[str
     flops = inference_flops(lengths, model_shape(model_dir, num_labels))
     threads = torch.get_num_threads()
     auto = "bf16" if resolve_precision("auto", torch.device("cpu")) == "bf16" else "fp32"
-    precision = {**PRECISION, "torch": auto, "openvino": auto}
+    precision = {**PRECISION, TORCH: auto, OPENVINO: auto}
     picked = choose(this_cpu_class(), model_dir).runtime
     precision[AUTO_RUNTIME], engine = precision[picked], {**ENGINE, AUTO_RUNTIME: ENGINE[picked]}
     torch_peaks = measure_peak_flops(torch.device("cpu"), threads)
-    peaks = {("torch", p): torch_peaks[f"{p}_flops_per_s"] for p in ("fp32", "bf16")
+    peaks = {(ENGINE[TORCH], p): torch_peaks[f"{p}_flops_per_s"] for p in ("fp32", "bf16")
              if f"{p}_flops_per_s" in torch_peaks}
     for row in seconds:
         key = (engine[row], precision[row])

@@ -37,7 +37,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-RUNTIMES = ("torch", "onnx", "onnx-int8")
 SENTENCE = b"Angela Merkel met Emmanuel Macron in Paris .\n"
 PHASES_ENV = "NER_STARTUP_PHASES"  # where probe_train writes its time stamps
 # probe_train, loaded from this file by path: with `--against`, the measured checkout's own `benchmarks` may lack it.
@@ -234,11 +233,15 @@ def phase_table(runs: dict[str, list[dict]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # imported here: probe_train loads this file inside the measured process, whose checkout may lack them
+    from ner.inference.options import ONNX, ONNX_INT8, TORCH
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model_dir", type=Path, nargs="?", help="exported folder with model.onnx and "
                         "model.int8.onnx (ner.predict's start-up; not with --train)")
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--runtimes", nargs="+", choices=RUNTIMES, default=list(RUNTIMES))
+    runtimes = (TORCH, ONNX, ONNX_INT8)  # the runtimes ner.predict can start without OpenVINO
+    parser.add_argument("--runtimes", nargs="+", choices=runtimes, default=list(runtimes))
     parser.add_argument("--train", action="store_true", help="measure ner.train's fixed cost per phase instead")
     parser.add_argument("--against", type=Path, help="with --train: another checkout (its root), run alternately")
     parser.add_argument("--train-args", nargs=argparse.REMAINDER, default=[],

@@ -25,6 +25,7 @@ from conftest import make_sentences, torch_threads, with_random_head
 from ner.data.batching import fixed_shape_batches, rows_for_width
 from ner.data.encode import Feature, collate, fixed_shape_plan, padded_lengths
 from ner.data.examples import Example
+from ner.inference.options import ONNX
 from ner.inference.tagger import Tagger
 from ner.predict import main as predict_main
 
@@ -155,7 +156,7 @@ def onnx_export(random_model, tmp_path_factory):
 
 
 def test_onnx_fp32_tags_a_text_alone_as_among_neighbours(onnx_export):
-    tagged_alone_and_mixed(Tagger(onnx_export, runtime="onnx"), seed=4)
+    tagged_alone_and_mixed(Tagger(onnx_export, runtime=ONNX), seed=4)
 
 
 @pytest.mark.parametrize("precision", ("bf16", "auto"))

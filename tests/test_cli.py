@@ -11,6 +11,7 @@ from conftest import python_module, read_state, run_cli, tiny_args
 
 from ner import train as train_cli
 from ner.errors import UserError
+from ner.inference.options import ONNX, TORCH
 from ner.metrics import best_evaluation
 from ner.training.checkpoint import list_checkpoints
 
@@ -163,12 +164,12 @@ def test_export_checkpoint_with_onnx_adds_checked_onnx_files(trained, tiny_data,
     exported = {p.name for p in out.iterdir()}
     assert exported == {p.name for p in (trained / "final").iterdir()} | {"model.onnx", "model.int8.onnx"}
     tagged = {}
-    for runtime in ("torch", "onnx"):
+    for runtime in (TORCH, ONNX):
         result = run_cli(python_module("ner.predict", str(out), str(tiny_data["test"]), "--conll", "--quiet",
                                        "--mixed-precision", "no", "--runtime", runtime))
         assert result.returncode == 0, result.stderr[-2000:]
         tagged[runtime] = result.stdout
-    assert tagged["onnx"] == tagged["torch"] and tagged["torch"]
+    assert tagged[ONNX] == tagged[TORCH] and tagged[TORCH]
 
 
 def test_resume_auto_continues_and_matches_an_uninterrupted_run(tiny_bert, tiny_data, tmp_path):

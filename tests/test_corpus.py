@@ -15,7 +15,7 @@ from conftest import PEOPLE, PLACES, python_module, run_cli, torch_threads
 import ner.corpus.manifest
 import ner.corpus.plan
 import ner.corpus.tagging
-from ner.inference.options import INFERENCE_BUDGETS
+from ner.inference.options import INFERENCE_BUDGETS, ONNX, ONNX_INT8, TORCH
 from ner.predict import build_parser, main
 
 TEXTS = [f"{PEOPLE[i % len(PEOPLE)]} flew to {PLACES[i % len(PLACES)]} on day {i} ." for i in range(11)]
@@ -269,7 +269,7 @@ def test_onnx_corpus_tagging_in_one_process_needs_no_torch(random_model, corpus,
     shutil.copytree(random_model, model)
     write_onnx(model)
     (tmp_path / "sitecustomize.py").write_text(NO_TORCH)
-    args = [str(model), str(corpus["first"]), str(corpus["second"]), "--runtime", "onnx", "--chunk-texts", "4",
+    args = [str(model), str(corpus["first"]), str(corpus["second"]), "--runtime", ONNX, "--chunk-texts", "4",
             "--merge", "--quiet"]
     run_without_torch(python_module("ner.predict", *args, "--output-dir", str(tmp_path / "blocked")), True, tmp_path)
     said = run_without_torch([sys.executable, "-c", TAG_THEN_SAY_IF_TORCH, *args, "--output-dir",
@@ -306,7 +306,7 @@ def test_the_manifest_records_model_settings_computation_and_input(random_model,
     # how the numbers were computed, as the loaded Tagger does it; the batch budget as resolved for the device
     # (the CPU's tokens here; windows as given), so a resume on a GPU is refused, not mixed
     assert manifest["computation"] == {
-        "runtime": "torch", "precision": "no", "device": "cpu", "threads": 1, "casing": "none",
+        "runtime": TORCH, "precision": "no", "device": "cpu", "threads": 1, "casing": "none",
         "context": "none", "decode": "viterbi", "max_seq_length": 128, "min_score": None, "batch_size": 3,
         "max_tokens": INFERENCE_BUDGETS["cpu"][1]}
     assert manifest["inputs"][0]["files"][0]["size"] == corpus["first"].stat().st_size
@@ -363,13 +363,13 @@ def test_a_manifest_of_another_runtime_or_device_is_refused_naming_them(random_m
     out = tmp_path / "out"
     assert tag(random_model, out, corpus["first"]) == 0
     manifest = json.loads((out / "manifest.json").read_text())
-    manifest["computation"].update(runtime="onnx", device="gpu", threads=None)
+    manifest["computation"].update(runtime=ONNX, device="gpu", threads=None)
     (out / "manifest.json").write_text(json.dumps(manifest))
     capsys.readouterr()
-    assert tag(random_model, out, corpus["first"], extra=("--runtime", "torch")) == 2  # an explicit change
+    assert tag(random_model, out, corpus["first"], extra=("--runtime", TORCH)) == 2  # an explicit change
     err = capsys.readouterr().err
-    assert "runtime: 'onnx' before, 'torch' now" in err and "device: 'gpu' before, 'cpu' now" in err
-    assert "threads: None before" in err and "(--runtime onnx, a gpu device)" in err
+    assert f"runtime: {ONNX!r} before, {TORCH!r} now" in err and "device: 'gpu' before, 'cpu' now" in err
+    assert "threads: None before" in err and f"(--runtime {ONNX}, a gpu device)" in err
 
 
 def test_an_auto_resume_keeps_the_runtime_its_parts_were_tagged_with(random_model, corpus, tmp_path, monkeypatch):
@@ -384,10 +384,10 @@ def test_an_auto_resume_keeps_the_runtime_its_parts_were_tagged_with(random_mode
     monkeypatch.setattr(options, "this_cpu_class", lambda: "avx2")
     assert tag(model, out, corpus["first"], corpus["second"], extra=extra) == 0
     reference = folder_bytes(out)
-    assert json.loads((out / "manifest.json").read_text())["computation"]["runtime"] == "torch"
+    assert json.loads((out / "manifest.json").read_text())["computation"]["runtime"] == TORCH
     (out / "part-00001.jsonl").unlink()
-    (model / RUNTIME_FILES["onnx"][0]).write_bytes(b"a further export")
-    assert options.choose("avx2", model).runtime != "torch"
+    (model / RUNTIME_FILES[ONNX][0]).write_bytes(b"a further export")
+    assert options.choose("avx2", model).runtime != TORCH
     assert tag(model, out, corpus["first"], corpus["second"], extra=extra) == 0
     assert folder_bytes(out) == reference
 
@@ -396,13 +396,13 @@ def test_an_auto_resume_whose_runtime_cannot_run_any_more_is_refused(random_mode
     out = tmp_path / "out"
     assert tag(random_model, out, corpus["first"]) == 0
     manifest = json.loads((out / "manifest.json").read_text())
-    manifest["computation"]["runtime"] = "onnx-int8"  # as auto would have recorded it, the files since removed
+    manifest["computation"]["runtime"] = ONNX_INT8  # as auto would have recorded it, the files since removed
     (out / "manifest.json").write_text(json.dumps(manifest))
     before = folder_bytes(out)
     capsys.readouterr()
     assert tag(random_model, out, corpus["first"]) == 2
     err = capsys.readouterr().err
-    assert f"{out}: its parts were tagged with --runtime onnx-int8 (what auto chose then), which cannot run here " \
+    assert f"{out}: its parts were tagged with --runtime {ONNX_INT8} (what auto chose then), which cannot run here " \
            "now (" in err and "--overwrite" in err
     assert folder_bytes(out) == before
 

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from ner import train as train_cli
 from ner.data.tokenizer import load_tokenizer
+from ner.inference.options import ONNX
 
 RAW = ["Angela Merkel met Emmanuel Macron in Paris on Monday.", "",
        "Shares of Acme Corp. rose 3.5% in São Paulo after O'Neill's talk \U0001F600 there."]
@@ -118,9 +119,9 @@ def test_exports_to_onnx_past_its_parity_check(trained, tmp_path):
     from ner.inference.tagger import Tagger
 
     name, _, out = trained
-    assert export_main([str(out / "final"), str(tmp_path / "onnx"), "--onnx"]) == 0, name
+    assert export_main([str(out / "final"), str(tmp_path / "onnx_export"), "--onnx"]) == 0, name
     torch_result = Tagger(out / "final", precision="no").predict(RAW)
-    onnx_result = Tagger(tmp_path / "onnx", runtime="onnx").predict(RAW)
+    onnx_result = Tagger(tmp_path / "onnx_export", runtime=ONNX).predict(RAW)
     for ours, theirs in zip(torch_result, onnx_result):
         assert [(e["start"], e["end"], e["type"]) for e in ours["entities"]] == [
             (e["start"], e["end"], e["type"]) for e in theirs["entities"]], name
@@ -138,8 +139,8 @@ def test_int8_rewrite_gives_each_row_its_own_scales(trained, tmp_path):
     from ner.inference.runtime import onnx_session
 
     name, _, out = trained
-    assert export_main([str(out / "final"), str(tmp_path / "onnx"), "--onnx"]) == 0, name
-    quantize_int8(tmp_path / "onnx" / "model.onnx", tmp_path / "int8.onnx")
+    assert export_main([str(out / "final"), str(tmp_path / "onnx_export"), "--onnx"]) == 0, name
+    quantize_int8(tmp_path / "onnx_export" / "model.onnx", tmp_path / "int8.onnx")
     session = onnx_session(tmp_path / "int8.onnx")
     rng = np.random.default_rng(0)
     ids = rng.integers(5, 60, size=(4, 12)).astype(np.int64)
@@ -165,7 +166,7 @@ def test_openvino_runs_every_family_and_a_row_keeps_its_bytes_among_other_rows(t
     from ner.inference.openvino_runtime import OpenVinoRuntime
 
     name, _, out = trained
-    folder = tmp_path / "onnx"
+    folder = tmp_path / "onnx_export"
     assert export_main([str(out / "final"), str(folder), "--onnx"]) == 0, name
     static = quantize_static(folder, read_conll(tiny_data["train"]))
     rng = np.random.default_rng(0)

@@ -20,7 +20,7 @@ from ner.evaluate import main as evaluate_main  # noqa: E402
 from ner.export import main as export_main  # noqa: E402
 from ner.inference import onnx_export as export_onnx  # noqa: E402
 from ner.inference import runtime as runtimes  # noqa: E402
-from ner.inference.options import FAST_RUNTIMES_COMMAND  # noqa: E402
+from ner.inference.options import FAST_RUNTIMES_COMMAND, ONNX, ONNX_INT8, TORCH  # noqa: E402
 from ner.inference.tagger import Tagger  # noqa: E402
 from ner.predict import main as predict_main  # noqa: E402
 from ner.serve import build_parser as serve_parser  # noqa: E402
@@ -29,7 +29,7 @@ from tests.conftest import ROOT, fitted_export, python_module, run_cli  # noqa: 
 
 @pytest.fixture(scope="module")
 def exported(random_model, tiny_data, tmp_path_factory):
-    return fitted_export(random_model, tiny_data, tmp_path_factory, "onnx", "--onnx", "--quantize", "int8")
+    return fitted_export(random_model, tiny_data, tmp_path_factory, "onnx_export", "--onnx", "--quantize", "int8")
 
 
 def onnx_logits(path, input_ids, attention_mask):
@@ -62,22 +62,22 @@ def test_export_parity_on_new_shapes(exported):
 def test_each_runtime_tags_like_torch(exported, tiny_data):
     examples = read_conll(tiny_data["validation"]) + read_conll(tiny_data["test"])
     torch_tags, torch_probs = Tagger(exported, precision="no").tag(examples)
-    onnx_tags, onnx_probs = Tagger(exported, runtime="onnx").tag(examples)
+    onnx_tags, onnx_probs = Tagger(exported, runtime=ONNX).tag(examples)
     assert onnx_tags == torch_tags
     np.testing.assert_allclose(np.concatenate(onnx_probs), np.concatenate(torch_probs), atol=1e-4)
-    int8_tags, _ = Tagger(exported, runtime="onnx-int8").tag(examples)
+    int8_tags, _ = Tagger(exported, runtime=ONNX_INT8).tag(examples)
     flat = [(a, b) for s, t in zip(torch_tags, int8_tags) for a, b in zip(s, t)]
     assert sum(a == b for a, b in flat) / len(flat) >= 0.99
 
 
 def test_predict_runtime_flag_reaches_the_runtime(exported, tiny_data, capsys):
     outputs = {}
-    for runtime in ("torch", "onnx"):
+    for runtime in (TORCH, ONNX):
         assert predict_main([str(exported), str(tiny_data["test"]), "--conll", "--quiet", "--mixed-precision", "no",
                              "--runtime", runtime]) == 0
         outputs[runtime] = capsys.readouterr().out
-    assert outputs["onnx"] == outputs["torch"] and outputs["torch"].count("\n") == 11
-    assert serve_parser().parse_args([str(exported), "--runtime", "onnx-int8"]).runtime == "onnx-int8"
+    assert outputs[ONNX] == outputs[TORCH] and outputs[TORCH].count("\n") == 11
+    assert serve_parser().parse_args([str(exported), "--runtime", ONNX_INT8]).runtime == ONNX_INT8
 
 
 def test_predict_with_no_runtime_runs_what_auto_picks_for_the_cpu_class(exported, tiny_data, monkeypatch, capsys):
@@ -86,12 +86,12 @@ def test_predict_with_no_runtime_runs_what_auto_picks_for_the_cpu_class(exported
     from ner.inference import options
 
     monkeypatch.setattr(options, "this_cpu_class", lambda: "avx2")
-    assert options.choose("avx2", exported).runtime == "onnx-int8"
+    assert options.choose("avx2", exported).runtime == ONNX_INT8
     outputs = {}
-    for runtime in ((), ("--runtime", "onnx-int8")):
+    for runtime in ((), ("--runtime", ONNX_INT8)):
         assert predict_main([str(exported), str(tiny_data["test"]), "--conll", "--quiet", *runtime]) == 0
         outputs[runtime] = capsys.readouterr().out
-    assert outputs[()] == outputs[("--runtime", "onnx-int8")] and outputs[()].count("\n") == 11
+    assert outputs[()] == outputs[("--runtime", ONNX_INT8)] and outputs[()].count("\n") == 11
 
 
 def one_line_error(capsys) -> str:
@@ -101,7 +101,7 @@ def one_line_error(capsys) -> str:
 
 
 def test_missing_onnx_file_names_the_export_command(random_model, tiny_data, capsys):
-    assert predict_main([str(random_model), str(tiny_data["test"]), "--conll", "--runtime", "onnx-int8"]) == 2
+    assert predict_main([str(random_model), str(tiny_data["test"]), "--conll", "--runtime", ONNX_INT8]) == 2
     err = one_line_error(capsys)
     assert "model.int8.onnx: not found" in err and FAST_RUNTIMES_COMMAND.format(model="MODEL_DIR") in err
 
@@ -111,7 +111,7 @@ def test_corrupt_onnx_file_is_a_one_line_error(main, exported, tiny_data, tmp_pa
     broken = tmp_path / "broken"
     shutil.copytree(exported, broken)
     (broken / "model.onnx").write_bytes(b"not a protobuf at all" * 10)
-    assert main([str(broken), str(tiny_data["test"]), "--runtime", "onnx"]) == 2
+    assert main([str(broken), str(tiny_data["test"]), "--runtime", ONNX]) == 2
     assert "model.onnx: not a readable ONNX model" in one_line_error(capsys)
 
 
@@ -285,7 +285,7 @@ def run_without_torch(args: list[str], blocked: bool, hook_dir) -> str:
     return done.stdout
 
 
-@pytest.mark.parametrize("runtime", ["onnx", "onnx-int8"])
+@pytest.mark.parametrize("runtime", [ONNX, ONNX_INT8])
 def test_onnx_runtimes_tag_and_serve_without_torch(runtime, exported, tiny_data, tmp_path):
     """ner.predict and a served app with an ONNX runtime: torch unimportable, the same answers as with it
     importable, and torch never imported where it could be."""
@@ -330,7 +330,7 @@ def same_width_neighbours(tagger, text: str) -> list[str]:
 def test_int8_answer_does_not_depend_on_its_batch_neighbours(exported):
     """int8 quantizes each activation row by row, so a text batched into one forward with other texts gets the
     numbers it gets alone. Byte for byte: entities with scores, and the tag probabilities themselves."""
-    tagger = Tagger(exported, runtime="onnx-int8")
+    tagger = Tagger(exported, runtime=ONNX_INT8)
     tagger.runtime = ShapeLog(tagger.runtime)
     text = "Shares of Globex rose in Paris after Alan Turing spoke ."
     neighbours = same_width_neighbours(tagger, text)[:6]

@@ -16,21 +16,29 @@ from ner.data.conll import read_conll  # noqa: E402
 from ner.data.examples import Example
 from ner.export import main as export_main  # noqa: E402
 from ner.inference import onnx_export  # noqa: E402
-from ner.inference.options import FAST_RUNTIMES_COMMAND, FAST_RUNTIMES_FLAG, RUNTIME_FILES, RUNTIMES  # noqa: E402
+from ner.inference.options import (  # noqa: E402
+    FAST_RUNTIMES_COMMAND,
+    FAST_RUNTIMES_FLAG,
+    ONNX,
+    ONNX_INT8,
+    OPENVINO,
+    OPENVINO_INT8,
+    OPENVINO_RUNTIMES,
+    RUNTIME_FILES,
+)
 from ner.inference.tagger import Tagger  # noqa: E402
 from ner.training.export import FAST_RUNTIMES  # noqa: E402
 from tests.conftest import fitted_export, python_module, torch_threads  # noqa: E402
 from tests.test_batch_independence import SENTENCES, RanInFp32, say_when_fp32, tagged_alone_and_mixed  # noqa: E402
 from tests.test_onnx import NO_TORCH, SERVE_ONCE, run_without_torch  # noqa: E402
 
-OPENVINO_RUNTIMES = [runtime for runtime in RUNTIMES if runtime.startswith("openvino")]
-RUNS = [("openvino", "no"), ("openvino", "bf16"), ("openvino-int8", "no"), ("openvino-int8", "bf16")]
+RUNS = [(OPENVINO, "no"), (OPENVINO, "bf16"), (OPENVINO_INT8, "no"), (OPENVINO_INT8, "bf16")]
 EXAMPLES = [Example([w for w, _ in s], ["O"] * len(s), "t") for s in SENTENCES]
 
 
 @pytest.fixture(scope="module")
 def exported(random_model, tiny_data, tmp_path_factory):
-    return fitted_export(random_model, tiny_data, tmp_path_factory, "openvino", "--onnx", "--quantize", "int8",
+    return fitted_export(random_model, tiny_data, tmp_path_factory, "openvino_export", "--onnx", "--quantize", "int8",
                          "--calibrate", str(tiny_data["train"]))
 
 
@@ -43,12 +51,12 @@ def test_export_writes_the_static_int8_model_and_lists_it(exported):
 def test_openvino_fp32_tags_like_torch_and_static_int8_agrees(exported, tiny_data):
     examples = read_conll(tiny_data["validation"]) + read_conll(tiny_data["test"])
     torch_tags, torch_probs = Tagger(exported, precision="no").tag(examples)
-    tagger = Tagger(exported, runtime="openvino", precision="no")
+    tagger = Tagger(exported, runtime=OPENVINO, precision="no")
     assert tagger.precision == "no" and tagger.device == "cpu"
     tags, probs = tagger.tag(examples)
     assert tags == torch_tags
     np.testing.assert_allclose(np.concatenate(probs), np.concatenate(torch_probs), atol=1e-4)
-    int8_tags, _ = Tagger(exported, runtime="openvino-int8").tag(examples)
+    int8_tags, _ = Tagger(exported, runtime=OPENVINO_INT8).tag(examples)
     pairs = [(a, b) for s, t in zip(torch_tags, int8_tags) for a, b in zip(s, t)]
     assert sum(a == b for a, b in pairs) / len(pairs) >= onnx_export.MIN_INT8_WORD_AGREEMENT
 
@@ -113,7 +121,7 @@ def test_omp_num_threads_sets_the_streams_as_it_does_an_onnx_session(exported, m
     """ner.serve --workers gives each worker OMP_NUM_THREADS = its share of the cores."""
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     with torch_threads(2):
-        tagger = Tagger(exported, runtime="openvino-int8")
+        tagger = Tagger(exported, runtime=OPENVINO_INT8)
     assert tagger.runtime.compiled.get_property("NUM_STREAMS") == 1
 
 
@@ -190,11 +198,11 @@ def test_export_int8_keeps_the_files_whose_gate_passes_and_names_the_refused(exp
     refuse_the_static_model(monkeypatch)
     out = tmp_path / "partly"
     assert export_main([str(exported), str(out), FAST_RUNTIMES_FLAG, "--calibrate", str(tiny_data["train"])]) == 0
-    kept = {name for runtime in ("onnx", "onnx-int8") for name in RUNTIME_FILES[runtime]}
-    assert kept <= {p.name for p in out.iterdir()} and not (out / RUNTIME_FILES["openvino-int8"][0]).exists()
+    kept = {name for runtime in (ONNX, ONNX_INT8) for name in RUNTIME_FILES[runtime]}
+    assert kept <= {p.name for p in out.iterdir()} and not (out / RUNTIME_FILES[OPENVINO_INT8][0]).exists()
     assert kept <= set(json.loads((out / ".ner-record.json").read_text())["files"])
     err = capsys.readouterr().err
-    assert f"{FAST_RUNTIMES_FLAG}: refused model.int8.bin, model.int8.xml (--runtime openvino-int8): static int8 " \
+    assert f"{FAST_RUNTIMES_FLAG}: refused model.int8.bin, model.int8.xml (--runtime {OPENVINO_INT8}): static int8 " \
            "OpenVINO model agrees with PyTorch on" in err
 
 
@@ -209,7 +217,7 @@ def test_export_int8_calibrates_on_the_recorded_training_file_or_asks_for_one(ex
            "here)" in one_line_error(capsys) and not (tmp_path / "o").exists()
     (source / "training_args.json").write_text(json.dumps({**args, "train_file": str(tiny_data["train"])}))
     assert export_main([str(source), str(source), FAST_RUNTIMES_FLAG]) == 0  # in place, on the recorded file
-    assert (source / RUNTIME_FILES["openvino-int8"][0]).is_file()
+    assert (source / RUNTIME_FILES[OPENVINO_INT8][0]).is_file()
 
 
 def test_calibrate_needs_quantize_and_a_missing_file_names_the_export(exported, tmp_path, capsys):
@@ -221,14 +229,14 @@ def test_calibrate_needs_quantize_and_a_missing_file_names_the_export(exported, 
     bare = tmp_path / "bare"
     shutil.copytree(exported, bare, ignore=shutil.ignore_patterns("model.int8.*"))
     with pytest.raises(Exception, match="model.int8.xml: not found.*--calibrate"):
-        Tagger(bare, runtime="openvino-int8")
+        Tagger(bare, runtime=OPENVINO_INT8)
     (bare / "model.onnx").unlink()
     with pytest.raises(Exception, match="model.onnx: not found") as refused:  # the one command for every file
-        Tagger(bare, runtime="openvino")
+        Tagger(bare, runtime=OPENVINO)
     assert str(refused.value).endswith(FAST_RUNTIMES_COMMAND.format(model="MODEL_DIR"))
 
 
-@pytest.mark.parametrize("runtime", ["openvino", "openvino-int8"])
+@pytest.mark.parametrize("runtime", [OPENVINO, OPENVINO_INT8])
 def test_openvino_runtimes_tag_and_serve_without_torch(runtime, exported, tmp_path):
     (tmp_path / "sitecustomize.py").write_text(NO_TORCH)
     texts = tmp_path / "texts.txt"
@@ -252,7 +260,7 @@ def test_corpus_tagging_writes_the_same_bytes_on_one_thread_and_on_two(exported,
     for threads in (1, 2):
         with torch_threads(threads):
             out = tmp_path / f"tagged_{threads}"
-            assert predict_main([str(exported), str(texts), "--runtime", "openvino-int8", "--output-dir", str(out),
+            assert predict_main([str(exported), str(texts), "--runtime", OPENVINO_INT8, "--output-dir", str(out),
                                  "--merge", "--quiet"]) == 0
         manifest = json.loads((out / "manifest.json").read_text())
         outputs[threads] = (out / "predictions.jsonl").read_bytes(), manifest["computation"]
@@ -274,11 +282,11 @@ def test_a_run_with_export_int8_ends_with_every_runtimes_files_calibrated_on_its
     record = json.loads((final / ".ner-record.json").read_text())
     assert {"model.onnx", "model.int8.onnx", "model.int8.xml", "model.int8.bin"} <= set(record["files"])
     text = ["Ada Lovelace visited London on Monday ."]
-    answers = {runtime: Tagger(final, runtime=runtime).predict(text) for runtime in ("onnx-int8", "openvino-int8")}
+    answers = {runtime: Tagger(final, runtime=runtime).predict(text) for runtime in (ONNX_INT8, OPENVINO_INT8)}
     assert all(len(answer) == 1 for answer in answers.values())
     examples = read_conll(tiny_data["validation"])
     torch_tags = [t for tags in Tagger(final, precision="no").tag(examples)[0] for t in tags]
-    for runtime in ("onnx-int8", "openvino-int8"):  # each file tags the run's own validation data as its gate asks
+    for runtime in (ONNX_INT8, OPENVINO_INT8):  # each file tags the run's own validation data as its gate asks
         tags = [t for tags in Tagger(final, runtime=runtime).tag(examples)[0] for t in tags]
         agreement = sum(a == b for a, b in zip(tags, torch_tags, strict=True)) / len(torch_tags)
         assert agreement >= onnx_export.MIN_INT8_WORD_AGREEMENT, (runtime, agreement)
@@ -298,11 +306,11 @@ def test_a_run_whose_int8_gates_refuse_ends_finished_with_its_model_and_names_th
     assert train_main(tiny_args(tiny_bert, tiny_data, out, "--num-epochs", "1", FAST_RUNTIMES_FLAG)) == 0
     final = out / "final"
     present = {p.name for p in final.iterdir()}
-    assert {"model.safetensors", "metrics.json", *RUNTIME_FILES["onnx"]} <= present
-    assert not {name for runtime in ("onnx-int8", "openvino-int8") for name in RUNTIME_FILES[runtime]} & present
+    assert {"model.safetensors", "metrics.json", *RUNTIME_FILES[ONNX]} <= present
+    assert not {name for runtime in (ONNX_INT8, OPENVINO_INT8) for name in RUNTIME_FILES[runtime]} & present
     said = capsys.readouterr().out
-    assert f"{FAST_RUNTIMES_FLAG}: refused model.int8.onnx (--runtime onnx-int8): int8 ONNX model agrees" in said
-    assert f"{FAST_RUNTIMES_FLAG}: refused model.int8.bin, model.int8.xml (--runtime openvino-int8): static" in said
+    assert f"{FAST_RUNTIMES_FLAG}: refused model.int8.onnx (--runtime {ONNX_INT8}): int8 ONNX model agrees" in said
+    assert f"{FAST_RUNTIMES_FLAG}: refused model.int8.bin, model.int8.xml (--runtime {OPENVINO_INT8}): static" in said
     assert f"python -m ner.predict will run --runtime {choose(this_cpu_class(), final).runtime} on this" in said
     assert f"Model ready: {final}" in said
 

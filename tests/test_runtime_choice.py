@@ -13,10 +13,15 @@ from ner.inference import options
 from ner.inference.options import (
     AUTO_RUNTIME,
     FAST_RUNTIMES_FLAG,
+    ONNX,
+    ONNX_INT8,
+    OPENVINO,
+    OPENVINO_INT8,
     RUNTIME_CHOICES,
     RUNTIME_FILES,
     RUNTIME_ORDER,
     RUNTIMES,
+    TORCH,
     choose,
     cpu_class,
     cpu_flags,
@@ -72,8 +77,8 @@ def test_every_class_orders_every_runtime_once():
 
 
 @pytest.mark.parametrize("device_class,with_every_file", [
-    ("amx", "openvino"), ("avx512-vnni-bf16", "openvino-int8"), ("avx512-vnni", "openvino-int8"),
-    ("avx2", "onnx-int8"), ("arm", "onnx-int8"), ("gpu", "torch")])
+    ("amx", OPENVINO), ("avx512-vnni-bf16", OPENVINO_INT8), ("avx512-vnni", OPENVINO_INT8),
+    ("avx2", ONNX_INT8), ("arm", ONNX_INT8), ("gpu", TORCH)])
 def test_with_every_file_each_class_gets_its_measured_fastest(tmp_path, device_class, with_every_file):
     folder = folder_with(tmp_path, RUNTIMES)
     choice = choose(device_class, folder, everything_installed)
@@ -81,11 +86,11 @@ def test_with_every_file_each_class_gets_its_measured_fastest(tmp_path, device_c
 
 
 @pytest.mark.parametrize("device_class,files,expected", [
-    ("avx2", ("onnx",), "openvino"),  # model.onnx serves openvino (2.73x) before onnx (2.62x) on AVX2
-    ("avx2", ("openvino-int8",), "torch"),  # static int8 is the slowest there: torch fp32 beats it
-    ("avx512-vnni-bf16", ("onnx", "onnx-int8"), "openvino"),
-    ("amx", ("onnx-int8",), "onnx-int8"),
-    ("avx512-vnni-bf16", (), "torch")])
+    ("avx2", (ONNX,), OPENVINO),  # model.onnx serves openvino (2.73x) before onnx (2.62x) on AVX2
+    ("avx2", (OPENVINO_INT8,), TORCH),  # static int8 is the slowest there: torch fp32 beats it
+    ("avx512-vnni-bf16", (ONNX, ONNX_INT8), OPENVINO),
+    ("amx", (ONNX_INT8,), ONNX_INT8),
+    ("avx512-vnni-bf16", (), TORCH)])
 def test_the_pick_is_the_fastest_the_files_allow(tmp_path, device_class, files, expected):
     choice = choose(device_class, folder_with(tmp_path, files), everything_installed)
     assert choice.runtime == expected
@@ -96,16 +101,16 @@ def test_the_pick_is_the_fastest_the_files_allow(tmp_path, device_class, files, 
 def test_a_runtime_whose_package_is_missing_is_passed_over_with_its_install_line(tmp_path):
     folder = folder_with(tmp_path, RUNTIMES)
     choice = choose("avx512-vnni-bf16", folder, lambda name: None if name == "openvino" else object())
-    assert choice.runtime == "onnx-int8"
+    assert choice.runtime == ONNX_INT8
     assert [(runtime, fix) for runtime, _, fix in choice.faster] == [
-        ("openvino-int8", 'pip install -e ".[openvino]"'), ("openvino", 'pip install -e ".[openvino]"')]
+        (OPENVINO_INT8, 'pip install -e ".[openvino]"'), (OPENVINO, 'pip install -e ".[openvino]"')]
 
 
 def test_the_log_line_says_what_why_and_which_export_would_be_faster(tmp_path, monkeypatch, caplog):
-    folder = folder_with(tmp_path, ("onnx",))
+    folder = folder_with(tmp_path, (ONNX,))
     monkeypatch.setattr(options, "this_cpu_class", lambda: "avx2")
     with caplog.at_level(logging.INFO, logger="ner"):
-        assert resolve_runtime(AUTO_RUNTIME, folder, "cpu") == "openvino"
+        assert resolve_runtime(AUTO_RUNTIME, folder, "cpu") == OPENVINO
     [line] = [r.getMessage() for r in caplog.records if "--runtime auto" in r.getMessage()]
     assert line.startswith("--runtime auto: openvino (x86 without VNNI")
     assert "2.73x a pipeline" in line
@@ -125,8 +130,8 @@ def test_an_explicit_runtime_always_wins_and_says_nothing(tmp_path, monkeypatch,
 def test_a_gpu_device_picks_torch_and_a_cpu_device_its_class(tmp_path, monkeypatch):
     folder = folder_with(tmp_path, RUNTIMES)
     monkeypatch.setattr(options, "this_cpu_class", lambda: "avx2")
-    assert resolve_runtime(AUTO_RUNTIME, folder, "cuda:1") == "torch"
-    assert resolve_runtime(AUTO_RUNTIME, folder, "cpu") == "onnx-int8"
+    assert resolve_runtime(AUTO_RUNTIME, folder, "cuda:1") == TORCH
+    assert resolve_runtime(AUTO_RUNTIME, folder, "cpu") == ONNX_INT8
 
 
 def test_auto_is_the_default_of_every_command_that_tags(random_model):
@@ -148,8 +153,8 @@ def test_a_tagger_runs_what_auto_picked_and_a_swap_keeps_it(random_model, tmp_pa
     for device_class in ("avx2", "amx"):
         monkeypatch.setattr(options, "this_cpu_class", lambda device_class=device_class: device_class)
         tagger = Tagger(folder, runtime=AUTO_RUNTIME, device="cpu")
-        assert tagger.runtime_name == "torch" and tagger.options["runtime"] == "torch"
-        assert tagger.like(folder).runtime_name == "torch"
+        assert tagger.runtime_name == TORCH and tagger.options["runtime"] == TORCH
+        assert tagger.like(folder).runtime_name == TORCH
 
 
 def test_ner_predict_says_on_stderr_what_auto_picked(random_model, tmp_path, capsys):
@@ -160,7 +165,7 @@ def test_ner_predict_says_on_stderr_what_auto_picked(random_model, tmp_path, cap
     assert predict_main([str(random_model), str(texts)]) == 0
     said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("--runtime auto:")]
     assert len(said) == 1 and said[0].startswith("--runtime auto: torch (")
-    assert predict_main([str(random_model), str(texts), "--quiet", "--runtime", "torch"]) == 0
+    assert predict_main([str(random_model), str(texts), "--quiet", "--runtime", TORCH]) == 0
     assert "--runtime auto" not in capsys.readouterr().err
 
 

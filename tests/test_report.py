@@ -273,5 +273,7 @@ def test_evaluate_rejects_a_label_the_model_does_not_know(random_model, tmp_path
     assert evaluate_main([str(random_model), str(path)]) == 2
     captured = capsys.readouterr()
     err = captured.err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error:") and "B-PLANET" in err[0] and f"{path}:4" in err[0]
+    # before it only log lines (--runtime auto's choice, how the model decodes), and no traceback
+    assert err[-1].startswith("error:") and "B-PLANET" in err[-1] and f"{path}:4" in err[-1]
+    assert not any(line.startswith(("error:", "Traceback")) for line in err[:-1]), err
     assert captured.out == ""

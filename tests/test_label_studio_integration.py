@@ -4,7 +4,7 @@ made and exported through its API, then `ner.train` and `ner.evaluate` on that e
 Label Studio pins many packages of its own, so it lives in a virtual environment beside ours, as a team
 would run it; this test finds it through NER_LABEL_STUDIO_BIN (what .ci/run sets) or `label-studio` on PATH:
 
-    python -m venv /tmp/lsvenv && /tmp/lsvenv/bin/pip install label-studio label-studio-sdk
+    python -m venv /tmp/lsvenv && /tmp/lsvenv/bin/pip install label-studio label-studio-sdk "sentry-sdk<3"
     NER_LABEL_STUDIO_BIN=/tmp/lsvenv/bin/label-studio python -m pytest -q -m integration
 
 Its first start creates a SQLite database (migrations): about 1-2 minutes on 2 CPU cores.
@@ -72,7 +72,8 @@ def label_studio(tmp_path_factory):
     """(client with the test user's token, base URL) of a Label Studio started for this module."""
     if label_studio_bin() is None:
         pytest.skip("Label Studio not found: set NER_LABEL_STUDIO_BIN (python -m venv V && V/bin/pip install "
-                    "label-studio label-studio-sdk; NER_LABEL_STUDIO_BIN=V/bin/label-studio), as .ci/run does")
+                    "label-studio label-studio-sdk \"sentry-sdk<3\"; NER_LABEL_STUDIO_BIN=V/bin/label-studio), "
+                    "as .ci/run does")
     data_dir = tmp_path_factory.mktemp("label_studio")
     port = free_local_port()
     url = f"http://127.0.0.1:{port}"

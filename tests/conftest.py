@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from ner.backends import NO_MIXED_PRECISION
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_CONLL = ROOT.parent / "shared" / "data" / "conll2003"
 
@@ -213,7 +215,7 @@ def tiny_args(model: Path, data: dict[str, Path], out_dir: Path, *extra: str) ->
     return ["--model", str(model), "--train-file", str(data["train"]), "--validation-file", str(data["validation"]),
             "--test-file", str(data["test"]), "--output-dir", str(out_dir), "--max-seq-length", "32",
             "--batch-size", "4", "--max-tokens", "0", "--num-epochs", "2", "--learning-rate", "1e-3",
-            "--mixed-precision", "no", "--quiet", "--seed", "7", *extra]
+            "--mixed-precision", NO_MIXED_PRECISION, "--quiet", "--seed", "7", *extra]
 
 
 def run_cli(args: list[str], timeout: int = 300, env: dict | None = None) -> subprocess.CompletedProcess:

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from seqeval.metrics import classification_report
 
+from ner.backends import NO_MIXED_PRECISION
 from ner.data.conll import read_conll
 from ner.evaluate import main as evaluate_main
 from ner.inference.analysis import (
@@ -183,7 +184,7 @@ def test_expected_calibration_error():
 def test_evaluate_reports_matrix_thresholds_and_plots(random_model, tiny_data, tmp_path, capsys):
     out, plots = tmp_path / "report.json", tmp_path / "plots"
     code = evaluate_main([str(random_model), str(tiny_data["test"]), "--json", str(out), "--plots", str(plots),
-                          "--target-precision", "0.95", "--mixed-precision", "no", "--worst", "0"])
+                          "--target-precision", "0.95", "--mixed-precision", NO_MIXED_PRECISION, "--worst", "0"])
     assert code == 0
     printed = capsys.readouterr().out
     report = json.loads(out.read_text())
@@ -191,7 +192,7 @@ def test_evaluate_reports_matrix_thresholds_and_plots(random_model, tiny_data, t
     gold = [e.tags for e in examples]
     from ner.inference.tagger import Tagger
 
-    predicted, _ = Tagger(random_model, precision="no").tag(examples)
+    predicted, _ = Tagger(random_model, precision=NO_MIXED_PRECISION).tag(examples)
 
     # the counts themselves: test_evaluate_counts_a_known_tagging_as_worked_out_by_hand (same function here)
     assert report["confusion"] == confusion_counts(gold, predicted)

@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 from conftest import make_sentences, torch_threads, with_random_head
 
+from ner.backends import BF16, NO_MIXED_PRECISION
 from ner.data.batching import fixed_shape_batches, rows_for_width
 from ner.data.encode import Feature, collate, fixed_shape_plan, padded_lengths
 from ner.data.examples import Example
@@ -135,7 +136,7 @@ def test_auto_on_a_cpu_without_bf16_units_runs_fp32_and_says_so(random_model, mo
 
 
 def test_predict_entities_alone_equal_those_in_a_batch(random_model):
-    tagger = Tagger(random_model, precision="bf16")
+    tagger = Tagger(random_model, precision=BF16)
     alone = [json.dumps(tagger.predict([text])) for text in TEXTS]
     for mix in mixes(3, seed=3):
         together = tagger.predict([TEXTS[i] for i in mix])
@@ -195,7 +196,7 @@ def test_batch_limits_not_given_are_the_budget_of_the_device_the_passes_run_on(r
     real_plan = infer.fixed_shape_plan
     monkeypatch.setattr(infer, "fixed_shape_plan", lambda f, pad, rows, tokens: seen.append((rows, tokens))
                         or real_plan(f, pad, rows, tokens))
-    tagger = Tagger(random_model, precision="no")
+    tagger = Tagger(random_model, precision=NO_MIXED_PRECISION)
     tagger.predict(TEXTS[:2])
     tagger.runtime.device_type = "cuda"  # as TorchRuntime sets it for a model on a GPU
     tagger.predict(TEXTS[:2])
@@ -207,7 +208,7 @@ def test_each_cpu_pass_runs_on_one_thread_of_its_own_whatever_the_process_has(ra
     """How the bytes hold for any threads: a kernel's summation order then depends on its pass's shape alone."""
     import torch
 
-    tagger = Tagger(random_model, precision="no")
+    tagger = Tagger(random_model, precision=NO_MIXED_PRECISION)
     seen = []
     tagger.runtime.model.register_forward_pre_hook(
         lambda *_: seen.append((torch.get_num_threads(), threading.current_thread() is threading.main_thread())))
@@ -222,7 +223,7 @@ def test_a_thread_started_after_the_passes_gets_the_process_threads(random_model
     request thread must still run as many passes at once as the process has threads."""
     from ner.inference.runtime import process_threads
 
-    tagger = Tagger(random_model, precision="no")
+    tagger = Tagger(random_model, precision=NO_MIXED_PRECISION)
     with torch_threads(2):
         tagger.predict(TEXTS[:2])
         assert process_threads() == 2

@@ -13,6 +13,7 @@ import pytest
 from conftest import python_module, run_cli, tiny_args
 
 from benchmarks import baseline, eval_speed, measure, report, training_speed
+from ner.backends import NO_MIXED_PRECISION
 from ner.errors import UserError
 from scripts import sweep_defaults
 
@@ -352,7 +353,7 @@ def test_inference_phases_time_every_phase_and_give_tagger_predicts_answers(rand
     from benchmarks.inference_phases import PHASES, timed_predict
     from ner.inference.tagger import Tagger
 
-    tagger = Tagger(random_model, precision="no")
+    tagger = Tagger(random_model, precision=NO_MIXED_PRECISION)
     texts = ["Angela Merkel met Emmanuel Macron in Paris.", "", "Shares of Acme Corp. rose 3.5% on Monday."] * 3
     seconds, results = timed_predict(tagger, texts)
     assert results == tagger.predict(texts)

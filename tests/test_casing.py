@@ -11,6 +11,7 @@ import pytest
 import torch
 from conftest import python_module, run_cli, tiny_args
 
+from ner.backends import NO_MIXED_PRECISION
 from ner.data.encode import (
     CASING_SCHEME,
     CASING_TYPES,
@@ -98,7 +99,7 @@ def test_the_export_records_casing_and_inference_passes_the_types(cased_run):
     assert json.loads((cased_run / "config.json").read_text())["type_vocab_size"] == 4
     assert AutoModelForTokenClassification.from_pretrained(cased_run) is not None  # still a plain HF model
     examples = [Example("Ada Lovelace visited London with IBM .".split(), ["O"] * 7, "t")]
-    tagger = Tagger(cased_run, precision="no")
+    tagger = Tagger(cased_run, precision=NO_MIXED_PRECISION)
     _, with_types = tagger.tag(examples)
     tagger.settings = dataclasses.replace(tagger.settings, casing="none")
     _, without = tagger.tag(examples)

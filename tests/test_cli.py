@@ -10,6 +10,7 @@ import pytest
 from conftest import python_module, read_state, run_cli, tiny_args
 
 from ner import train as train_cli
+from ner.backends import NO_MIXED_PRECISION
 from ner.errors import UserError
 from ner.inference.options import ONNX, TORCH
 from ner.metrics import best_evaluation
@@ -166,7 +167,7 @@ def test_export_checkpoint_with_onnx_adds_checked_onnx_files(trained, tiny_data,
     tagged = {}
     for runtime in (TORCH, ONNX):
         result = run_cli(python_module("ner.predict", str(out), str(tiny_data["test"]), "--conll", "--quiet",
-                                       "--mixed-precision", "no", "--runtime", runtime))
+                                       "--mixed-precision", NO_MIXED_PRECISION, "--runtime", runtime))
         assert result.returncode == 0, result.stderr[-2000:]
         tagged[runtime] = result.stdout
     assert tagged[ONNX] == tagged[TORCH] and tagged[TORCH]

@@ -8,6 +8,7 @@ import json
 import pytest
 from conftest import make_sentences, python_module, read_state, run_cli, tiny_args
 
+from ner.backends import NO_MIXED_PRECISION
 from ner.data.conll import read_conll
 from ner.training.checkpoint import list_checkpoints
 
@@ -53,14 +54,14 @@ def test_predict_and_evaluate_use_the_trained_context_by_default(doc_run, doc_da
     from ner.inference.tagger import Tagger
 
     examples = read_conll(doc_data["test"])
-    tagger = Tagger(doc_run / "final", precision="no")
+    tagger = Tagger(doc_run / "final", precision=NO_MIXED_PRECISION)
     assert tagger.max_seq_length == 32 and tagger.uses_context(examples)
     with_context, _ = tagger.tag(examples)
-    without, _ = Tagger(doc_run / "final", precision="no", context="none").tag(examples)
+    without, _ = Tagger(doc_run / "final", precision=NO_MIXED_PRECISION, context="none").tag(examples)
     assert with_context != without  # the context changes what the model sees
     metrics = json.loads((doc_run / "final" / "metrics.json").read_text())
     result = run_cli(python_module("ner.evaluate", str(doc_run / "final"), str(doc_data["test"]), "--json",
-                                   str(doc_run / "eval.json"), "--mixed-precision", "no"))
+                                   str(doc_run / "eval.json"), "--mixed-precision", NO_MIXED_PRECISION))
     assert result.returncode == 0, result.stderr
     assert json.loads((doc_run / "eval.json").read_text())["f1"] == pytest.approx(metrics["test"]["f1"])
 

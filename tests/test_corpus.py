@@ -15,11 +15,12 @@ from conftest import PEOPLE, PLACES, python_module, run_cli, torch_threads
 import ner.corpus.manifest
 import ner.corpus.plan
 import ner.corpus.tagging
+from ner.backends import BF16, NO_MIXED_PRECISION
 from ner.inference.options import INFERENCE_BUDGETS, ONNX, ONNX_INT8, TORCH
 from ner.predict import build_parser, main
 
 TEXTS = [f"{PEOPLE[i % len(PEOPLE)]} flew to {PLACES[i % len(PLACES)]} on day {i} ." for i in range(11)]
-FAST = ["--mixed-precision", "no", "--quiet", "--batch-size", "3"]
+FAST = ["--mixed-precision", NO_MIXED_PRECISION, "--quiet", "--batch-size", "3"]
 
 
 def tag(model: Path, out: Path, *inputs: object, extra: tuple[str, ...] = ()) -> int:
@@ -188,7 +189,7 @@ def test_a_folder_that_is_not_ours_is_refused_and_overwrite_removes_only_ours(ra
 
 def test_progress_counts_texts_over_the_total(random_model, corpus, tmp_path, capsys):
     main([str(random_model), str(corpus["first"]), "--output-dir", str(tmp_path / "out"), "--chunk-texts", "4",
-          "--mixed-precision", "no"])
+          "--mixed-precision", NO_MIXED_PRECISION])
     err = capsys.readouterr().err
     assert "corpus: 7 texts in 2 chunks of 4, 0 done already; 1 process(es)" in err
     assert "corpus: 4/7 texts (57.1%)" in err and "corpus: 7/7 texts (100.0%)" in err
@@ -322,8 +323,8 @@ def test_a_resume_on_another_thread_count_writes_the_same_bytes(random_model, co
     (out / "part-00001.jsonl").unlink()
     (out / "predictions.jsonl").unlink()
     with torch_threads(2):
-        assert main([str(random_model), *map(str, inputs), "--output-dir", str(out), "--mixed-precision", "no",
-                     "--batch-size", "3", "--dist-timeout", "60", *extra]) == 0
+        assert main([str(random_model), *map(str, inputs), "--output-dir", str(out),
+                     "--mixed-precision", NO_MIXED_PRECISION, "--batch-size", "3", "--dist-timeout", "60", *extra]) == 0
     assert folder_bytes(out) == reference
 
 
@@ -342,7 +343,7 @@ def test_a_resume_computed_on_other_operator_threads_is_refused(random_model, co
 
 @pytest.mark.parametrize(("first", "then", "named", "fix"), [
     (("--decode", "argmax"), ("--decode", "viterbi"), "decode: 'argmax' before, 'viterbi' now", "--decode argmax"),
-    ((), ("--mixed-precision", "bf16"), "precision: 'no' before, 'bf16' now", "--mixed-precision no"),
+    ((), ("--mixed-precision", BF16), "precision: 'no' before, 'bf16' now", "--mixed-precision no"),
     ((), ("--max-seq-length", "64"), "max_seq_length: 128 before, 64 now", "--max-seq-length 128"),
     ((), ("--batch-size", "2"), "batch_size: 3 before, 2 now", "--batch-size 3"),
 ])
@@ -588,7 +589,7 @@ def test_ray_tagger_refuses_a_missing_text_with_its_row(random_model):
     from ner.corpus import RayTagger
     from ner.errors import UserError
 
-    tagger = RayTagger(str(random_model), precision="no")
+    tagger = RayTagger(str(random_model), precision=NO_MIXED_PRECISION)
     tagged = tagger({"text": np.array(["Ada Lovelace", "Paris"], dtype=object)})
     assert len(tagged["entities"]) == 2
     with pytest.raises(UserError, match=r"text row 1 of this batch: the text column holds NoneType, not a string"):

@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
+from ner.backends import NO_MIXED_PRECISION
 from ner.data.tags import scheme_of_labels, to_iob2, to_iobes
 from ner.inference.decode import Decoder
 
@@ -167,7 +168,7 @@ def test_an_iob1_model_folder_without_training_args_is_decoded_under_iob1(random
 
     assert not (random_model / "training_args.json").exists()
     with caplog.at_level(logging.WARNING, logger="ner"):
-        either = Tagger(random_model, device="cpu", precision="no")
+        either = Tagger(random_model, device="cpu", precision=NO_MIXED_PRECISION)
     assert either.decoder.scheme == "iob" and "IOB1 and IOB2 alike" in caplog.text
     iob1 = tmp_path / "iob1"
     shutil.copytree(random_model, iob1)
@@ -176,7 +177,7 @@ def test_an_iob1_model_folder_without_training_args_is_decoded_under_iob1(random
     config["id2label"] = dict(enumerate(iob1_labels))
     config["label2id"] = {label: i for i, label in enumerate(iob1_labels)}
     (iob1 / "config.json").write_text(json.dumps(config))
-    assert Tagger(iob1, device="cpu", precision="no").decoder.scheme == "iob1"
+    assert Tagger(iob1, device="cpu", precision=NO_MIXED_PRECISION).decoder.scheme == "iob1"
 
 
 def test_tags_to_entities_by_characters_or_by_word_indices():

@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ner import train as train_cli
+from ner.backends import BF16, NO_MIXED_PRECISION
 from ner.data.tokenizer import load_tokenizer
 from ner.inference.options import ONNX
 
@@ -88,7 +89,7 @@ def test_trains_evaluates_and_tags_raw_text_with_exact_offsets(trained, tiny_dat
     name, _, out = trained
     assert (out / "final" / "model.safetensors").is_file() and json.loads((out / "final" / "metrics.json").read_text())
     assert evaluate_main([str(out / "final"), str(tiny_data["test"])]) == 0
-    tagger = Tagger(out / "final", precision="no")
+    tagger = Tagger(out / "final", precision=NO_MIXED_PRECISION)
     for text, result in zip(RAW, tagger.predict(RAW)):
         for entity in result["entities"]:
             assert text[entity["start"]:entity["end"]] == entity["text"] == entity["text"].strip(), (name, entity)
@@ -120,7 +121,7 @@ def test_exports_to_onnx_past_its_parity_check(trained, tmp_path):
 
     name, _, out = trained
     assert export_main([str(out / "final"), str(tmp_path / "onnx_export"), "--onnx"]) == 0, name
-    torch_result = Tagger(out / "final", precision="no").predict(RAW)
+    torch_result = Tagger(out / "final", precision=NO_MIXED_PRECISION).predict(RAW)
     onnx_result = Tagger(tmp_path / "onnx_export", runtime=ONNX).predict(RAW)
     for ours, theirs in zip(torch_result, onnx_result):
         assert [(e["start"], e["end"], e["type"]) for e in ours["entities"]] == [
@@ -193,7 +194,7 @@ def test_serves_tags_a_corpus_and_answers_label_studio(trained, tmp_path):
     from ner.serving.requests import Limits
 
     name, _, out = trained
-    tagger = Tagger(out / "final", precision="no")
+    tagger = Tagger(out / "final", precision=NO_MIXED_PRECISION)
     expected = tagger.predict(RAW)
     with TestClient(create_app(tagger, out / "final", Limits(), label_studio=True)) as client:
         assert client.post("/predict", json={"texts": RAW}).json() == {"results": expected}
@@ -206,7 +207,7 @@ def test_serves_tags_a_corpus_and_answers_label_studio(trained, tmp_path):
     corpus.write_text("\n".join(t for t in RAW if t) + "\n", encoding="utf-8")
     tagged = tmp_path / "tagged"
     assert predict_main([str(out / "final"), str(corpus), "--output-dir", str(tagged), "--quiet",
-                         "--mixed-precision", "no"]) == 0, name
+                         "--mixed-precision", NO_MIXED_PRECISION]) == 0, name
     lines = [json.loads(line) for part in sorted(tagged.glob("part-*.jsonl")) for line in part.open()]
     assert [line["entities"] for line in lines] == [r["entities"] for t, r in zip(RAW, expected) if t]
 
@@ -219,8 +220,8 @@ def test_bf16_on_the_cpu_trains_and_tags(name, tiny_data, tmp_path):
 
     encoder = build_encoder(name, tmp_path / name)
     out = tmp_path / "run"
-    assert train_cli.main(tiny_args(encoder, tiny_data, out, "--max-steps", "2", "--mixed-precision", "bf16")) == 0
-    tagger = Tagger(out / "final", precision="bf16")
+    assert train_cli.main(tiny_args(encoder, tiny_data, out, "--max-steps", "2", "--mixed-precision", BF16)) == 0
+    tagger = Tagger(out / "final", precision=BF16)
     assert tagger.precision == "bf16"
     for text, result in zip(RAW, tagger.predict(RAW)):
         assert all(text[e["start"]:e["end"]] == e["text"] for e in result["entities"])

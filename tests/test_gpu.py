@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 from conftest import python_module, read_state, run_cli, tiny_args
 
+from ner.backends import NO_MIXED_PRECISION
 from ner.data.conll import read_conll
 from ner.training.checkpoint import list_checkpoints
 
@@ -26,6 +27,6 @@ def test_trains_on_cuda_and_its_export_tags_the_same_on_cpu(tiny_bert, tiny_data
     assert state["config"]["attn_implementation"] == "sdpa"  # auto resolved for the GPU
     assert state["config"]["max_tokens"] == 16384  # ... and the token budget
     examples = read_conll(tiny_data["validation"])
-    on_gpu, _ = Tagger(out / "final", device="cuda", precision="no").tag(examples)
-    on_cpu, _ = Tagger(out / "final", device="cpu", precision="no").tag(examples)
+    on_gpu, _ = Tagger(out / "final", device="cuda", precision=NO_MIXED_PRECISION).tag(examples)
+    on_cpu, _ = Tagger(out / "final", device="cpu", precision=NO_MIXED_PRECISION).tag(examples)
     assert on_gpu == on_cpu

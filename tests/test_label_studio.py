@@ -19,6 +19,7 @@ httpx = pytest.importorskip("httpx")
 
 from fastapi.testclient import TestClient  # noqa: E402
 
+from ner.backends import NO_MIXED_PRECISION  # noqa: E402
 from ner.inference.model_folder import model_version  # noqa: E402
 from ner.serving.app import create_app  # noqa: E402
 from ner.serving.label_studio import ConfigError, Target, map_types, parse_label_config  # noqa: E402
@@ -44,7 +45,7 @@ def tasks_of(texts: list[str], field: str = "text") -> list[dict]:
 def tagger(random_model):
     from ner.inference.tagger import Tagger
 
-    return Tagger(random_model, precision="no")
+    return Tagger(random_model, precision=NO_MIXED_PRECISION)
 
 
 @pytest.fixture(scope="module")
@@ -633,7 +634,7 @@ def test_a_swapped_model_is_loaded_with_the_servers_own_options(random_model):
     """The retrained export is loaded as the served one was: runtime, precision, context, decode, window."""
     from ner.inference.tagger import Tagger
 
-    served = Tagger(random_model, precision="no", max_seq_length=24, context="none", decode="argmax")
+    served = Tagger(random_model, precision=NO_MIXED_PRECISION, max_seq_length=24, context="none", decode="argmax")
     app = create_app(served, random_model, Limits(), label_studio=True)
     swapped = app.state.label_studio.load_tagger(random_model)
     assert swapped is not served and swapped.options == served.options

@@ -25,6 +25,7 @@ httpx = pytest.importorskip("httpx")
 
 from conftest import ROOT, make_sentences, python_module, run_cli  # noqa: E402
 
+from ner.backends import NO_MIXED_PRECISION  # noqa: E402
 from ner.testing import free_local_port, wait_until_healthy  # noqa: E402
 
 pytestmark = pytest.mark.integration
@@ -198,8 +199,8 @@ def test_label_studio_gets_predictions_from_ner_serve_then_its_export_trains(lab
     trained = run_cli(python_module("ner.train", "--model", str(tiny_bert), "--train-file", str(export_file),
                                     "--validation-file", str(export_file), "--output-dir", str(out),
                                     "--max-seq-length", "32", "--batch-size", "8", "--max-tokens", "0",
-                                    "--num-epochs", "1", "--learning-rate", "1e-3", "--mixed-precision", "no",
-                                    "--quiet", "--seed", "7"))
+                                    "--num-epochs", "1", "--learning-rate", "1e-3",
+                                    "--mixed-precision", NO_MIXED_PRECISION, "--quiet", "--seed", "7"))
     assert trained.returncode == 0, trained.stderr[-3000:]
     report = tmp_path / "report.json"
     evaluated = run_cli(python_module("ner.evaluate", str(out / "final"), str(export_file), "--json", str(report)))

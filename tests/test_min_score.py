@@ -9,6 +9,7 @@ import pytest
 from conftest import tiny_args
 
 from ner import train as train_cli
+from ner.backends import NO_MIXED_PRECISION
 from ner.errors import UserError
 from ner.inference.options import parse_min_score
 from ner.inference.tagger import Tagger
@@ -37,7 +38,7 @@ def scored(results: list[dict]) -> list[list[tuple[str, int, int, float]]]:
 
 @pytest.fixture(scope="module")
 def unfiltered(random_model):
-    found = scored(Tagger(random_model, precision="no").predict(TEXTS))
+    found = scored(Tagger(random_model, precision=NO_MIXED_PRECISION).predict(TEXTS))
     scores = sorted(score for text in found for *_, score in text)
     assert len(scores) >= 3, "the random model finds too few entities for these tests"
     return found, scores
@@ -46,7 +47,7 @@ def unfiltered(random_model):
 def test_entities_below_the_threshold_are_dropped_and_the_rest_kept_as_they_were(random_model, unfiltered):
     found, scores = unfiltered
     threshold = scores[len(scores) // 2]
-    kept = scored(Tagger(random_model, precision="no", min_score=str(threshold)).predict(TEXTS))
+    kept = scored(Tagger(random_model, precision=NO_MIXED_PRECISION, min_score=str(threshold)).predict(TEXTS))
     assert kept == [[e for e in text if e[3] >= threshold] for text in found]
     assert 0 < sum(map(len, kept)) < sum(map(len, found))
 
@@ -54,7 +55,7 @@ def test_entities_below_the_threshold_are_dropped_and_the_rest_kept_as_they_were
 def test_a_type_threshold_overrides_the_overall_one(random_model, unfiltered):
     found, _ = unfiltered
     kind = found[0][0][0] if found[0] else next(e[0] for text in found for e in text)
-    kept = scored(Tagger(random_model, precision="no", min_score=["1", f"{kind}=0"]).predict(TEXTS))
+    kept = scored(Tagger(random_model, precision=NO_MIXED_PRECISION, min_score=["1", f"{kind}=0"]).predict(TEXTS))
     assert kept == [[e for e in text if e[0] == kind] for text in found]
 
 
@@ -70,11 +71,12 @@ def test_training_stores_it_and_every_path_applies_it(tiny_bert, tiny_data, tmp_
                                     "--min-score", "0.3,PER=0.9")) == 0
     model = out / "final"
     assert json.loads((model / "training_args.json").read_text())["min_score"] == "0.3,PER=0.9"
-    tagger = Tagger(model, precision="no")
+    tagger = Tagger(model, precision=NO_MIXED_PRECISION)
     assert tagger.min_score == {"": 0.3, "PER": 0.9}
     expected = tagger.predict(TEXTS)
     assert all(e["score"] >= (0.9 if e["type"] == "PER" else 0.3) for r in expected for e in r["entities"])
-    assert Tagger(model, precision="no", min_score="0").min_score == {"": 0.0}  # the flag overrides the export's
+    # the flag overrides the export's
+    assert Tagger(model, precision=NO_MIXED_PRECISION, min_score="0").min_score == {"": 0.0}
     with TestClient(create_app(tagger, model, Limits())) as client:
         assert client.post("/predict", json={"texts": TEXTS}).json() == {"results": expected}
     texts = tmp_path / "texts.txt"
@@ -93,12 +95,14 @@ def test_predict_and_a_corpus_resume_use_the_flag(random_model, unfiltered, tmp_
     threshold = scores[len(scores) // 2]
     texts = tmp_path / "texts.txt"
     texts.write_text("\n".join(TEXTS) + "\n", encoding="utf-8")
-    assert predict_main([str(random_model), str(texts), "--quiet", "--mixed-precision", "no",
+    assert predict_main([str(random_model), str(texts), "--quiet", "--mixed-precision", NO_MIXED_PRECISION,
                          "--min-score", str(threshold)]) == 0
     printed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert scored(printed) == scored(Tagger(random_model, precision="no", min_score=str(threshold)).predict(TEXTS))
+    tagger = Tagger(random_model, precision=NO_MIXED_PRECISION, min_score=str(threshold))
+    assert scored(printed) == scored(tagger.predict(TEXTS))
     tagged = tmp_path / "tagged"
-    common = [str(random_model), str(texts), "--output-dir", str(tagged), "--quiet", "--mixed-precision", "no"]
+    common = [str(random_model), str(texts), "--output-dir", str(tagged), "--quiet",
+              "--mixed-precision", NO_MIXED_PRECISION]
     assert predict_main([*common, "--min-score", str(threshold)]) == 0
     assert predict_main([*common, "--min-score", "0.99"]) != 0  # a resume that would tag otherwise
     assert "min_score" in capsys.readouterr().err

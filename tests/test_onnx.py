@@ -14,6 +14,7 @@ import torch
 
 pytest.importorskip("onnxruntime")
 
+from ner.backends import NO_MIXED_PRECISION
 from ner.data.conll import read_conll  # noqa: E402
 from ner.data.examples import Example
 from ner.evaluate import main as evaluate_main  # noqa: E402
@@ -61,7 +62,7 @@ def test_export_parity_on_new_shapes(exported):
 
 def test_each_runtime_tags_like_torch(exported, tiny_data):
     examples = read_conll(tiny_data["validation"]) + read_conll(tiny_data["test"])
-    torch_tags, torch_probs = Tagger(exported, precision="no").tag(examples)
+    torch_tags, torch_probs = Tagger(exported, precision=NO_MIXED_PRECISION).tag(examples)
     onnx_tags, onnx_probs = Tagger(exported, runtime=ONNX).tag(examples)
     assert onnx_tags == torch_tags
     np.testing.assert_allclose(np.concatenate(onnx_probs), np.concatenate(torch_probs), atol=1e-4)
@@ -73,8 +74,8 @@ def test_each_runtime_tags_like_torch(exported, tiny_data):
 def test_predict_runtime_flag_reaches_the_runtime(exported, tiny_data, capsys):
     outputs = {}
     for runtime in (TORCH, ONNX):
-        assert predict_main([str(exported), str(tiny_data["test"]), "--conll", "--quiet", "--mixed-precision", "no",
-                             "--runtime", runtime]) == 0
+        assert predict_main([str(exported), str(tiny_data["test"]), "--conll", "--quiet",
+                             "--mixed-precision", NO_MIXED_PRECISION, "--runtime", runtime]) == 0
         outputs[runtime] = capsys.readouterr().out
     assert outputs[ONNX] == outputs[TORCH] and outputs[TORCH].count("\n") == 11
     assert serve_parser().parse_args([str(exported), "--runtime", ONNX_INT8]).runtime == ONNX_INT8

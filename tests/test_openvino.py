@@ -12,6 +12,7 @@ import pytest
 pytest.importorskip("openvino")
 pytest.importorskip("nncf")
 
+from ner.backends import BF16, NO_MIXED_PRECISION
 from ner.data.conll import read_conll  # noqa: E402
 from ner.data.examples import Example
 from ner.export import main as export_main  # noqa: E402
@@ -50,8 +51,8 @@ def test_export_writes_the_static_int8_model_and_lists_it(exported):
 
 def test_openvino_fp32_tags_like_torch_and_static_int8_agrees(exported, tiny_data):
     examples = read_conll(tiny_data["validation"]) + read_conll(tiny_data["test"])
-    torch_tags, torch_probs = Tagger(exported, precision="no").tag(examples)
-    tagger = Tagger(exported, runtime=OPENVINO, precision="no")
+    torch_tags, torch_probs = Tagger(exported, precision=NO_MIXED_PRECISION).tag(examples)
+    tagger = Tagger(exported, runtime=OPENVINO, precision=NO_MIXED_PRECISION)
     assert tagger.precision == "no" and tagger.device == "cpu"
     tags, probs = tagger.tag(examples)
     assert tags == torch_tags
@@ -93,7 +94,7 @@ def test_bf16_on_a_cpu_without_bf16_units_runs_fp32_and_says_so(exported, runtim
     from ner.inference import openvino_runtime
 
     monkeypatch.setattr(openvino_runtime, "cpu_capabilities", lambda core: ["FP32", "INT8"])
-    tagger = Tagger(exported, runtime=runtime, precision="bf16")
+    tagger = Tagger(exported, runtime=runtime, precision=BF16)
     with pytest.warns(RanInFp32, match="bf16 ran in fp32"):
         assert checked_precision(tagger, "bf16") == "no"
     tagged_alone_and_mixed(tagger, seed=5, max_tokens=128)
@@ -285,7 +286,7 @@ def test_a_run_with_export_int8_ends_with_every_runtimes_files_calibrated_on_its
     answers = {runtime: Tagger(final, runtime=runtime).predict(text) for runtime in (ONNX_INT8, OPENVINO_INT8)}
     assert all(len(answer) == 1 for answer in answers.values())
     examples = read_conll(tiny_data["validation"])
-    torch_tags = [t for tags in Tagger(final, precision="no").tag(examples)[0] for t in tags]
+    torch_tags = [t for tags in Tagger(final, precision=NO_MIXED_PRECISION).tag(examples)[0] for t in tags]
     for runtime in (ONNX_INT8, OPENVINO_INT8):  # each file tags the run's own validation data as its gate asks
         tags = [t for tags in Tagger(final, runtime=runtime).tag(examples)[0] for t in tags]
         agreement = sum(a == b for a, b in zip(tags, torch_tags, strict=True)) / len(torch_tags)

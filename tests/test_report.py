@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from seqeval.metrics import classification_report
 
+from ner.backends import NO_MIXED_PRECISION
 from ner.data.conll import read_conll, read_predictions, write_predictions
 from ner.data.tags import build_label_list
 from ner.evaluate import main as evaluate_main
@@ -227,10 +228,11 @@ def test_rounded_batch_widths_do_not_change_predictions(random_model, tiny_data,
     collate = ner.inference.tagger.collate
     monkeypatch.setattr(ner.inference.tagger, "collate", recording_collate)
     examples = read_conll(tiny_data["validation"])
-    exact_tags, exact_probs = Tagger(random_model, precision="no", pad_to_multiple_of=1).tag(examples)
+    exact_tags, exact_probs = Tagger(random_model, precision=NO_MIXED_PRECISION, pad_to_multiple_of=1).tag(examples)
     assert any(width % 16 for width in widths)
     widths.clear()
-    rounded_tags, rounded_probs = Tagger(random_model, precision="no", pad_to_multiple_of=16).tag(examples)
+    rounded = Tagger(random_model, precision=NO_MIXED_PRECISION, pad_to_multiple_of=16)
+    rounded_tags, rounded_probs = rounded.tag(examples)
     assert widths and all(width % 16 == 0 for width in widths)
     assert rounded_tags == exact_tags
     assert np.allclose(np.concatenate(rounded_probs), np.concatenate(exact_probs), atol=1e-5)
@@ -241,13 +243,13 @@ def test_evaluate_numbers_equal_seqeval(random_model, tiny_data, tmp_path, capsy
 
     out = tmp_path / "report.json"
     code = evaluate_main([str(random_model), str(tiny_data["validation"]), "--json", str(out), "--worst", "3",
-                          "--mixed-precision", "no"])
+                          "--mixed-precision", NO_MIXED_PRECISION])
     assert code == 0
     printed = capsys.readouterr().out
     report = json.loads(out.read_text())
 
     examples = read_conll(tiny_data["validation"])
-    predicted, _ = Tagger(random_model, precision="no").tag(examples)
+    predicted, _ = Tagger(random_model, precision=NO_MIXED_PRECISION).tag(examples)
     expected = classification_report([e.tags for e in examples], predicted, output_dict=True, zero_division=0)
     micro = expected["micro avg"]
     assert (report["precision"], report["recall"], report["f1"], report["support"]) == pytest.approx(

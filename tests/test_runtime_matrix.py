@@ -24,6 +24,7 @@ httpx = pytest.importorskip("httpx")
 from conftest import fitted_export, make_sentences  # noqa: E402
 from fastapi.testclient import TestClient  # noqa: E402
 
+from ner.backends import NO_MIXED_PRECISION  # noqa: E402
 from ner.evaluate import main as evaluate_main  # noqa: E402
 from ner.inference.model_folder import model_version  # noqa: E402
 from ner.inference.options import RUNTIME_FILES, RUNTIME_TRAIN_FLAGS, RUNTIMES  # noqa: E402
@@ -36,7 +37,7 @@ from ner.testing import free_local_port  # noqa: E402
 
 TEXTS = ["Ada Lovelace visited London on Monday .", "", "Shares of Acme Corp rose in Paris after Alan Turing spoke .",
          "Grace Hopper said the weather was fine .", "Initech hired Niels Bohr in Cairo ."]
-FAST = ("--mixed-precision", "no", "--quiet")
+FAST = ("--mixed-precision", NO_MIXED_PRECISION, "--quiet")
 # Small and quick: the retraining's flags that are not the runtime's (tests/test_label_studio.py's)
 RETRAIN_ARGS = "--max-seq-length 32 --batch-size 8 --max-tokens 0 --num-epochs 1 --learning-rate 1e-3 " \
                "--mixed-precision no --seed 7"
@@ -112,8 +113,8 @@ def test_predict_tags_conll_and_evaluate_scores_it(runtime, exported, tiny_data,
     sentences = json_lines(output.out)
     assert len(sentences) == 11 and all(s["words"] for s in sentences) and "precision" in output.err
     report = tmp_path / "report.json"
-    assert evaluate_main([str(exported), str(tiny_data["test"]), "--runtime", runtime, "--mixed-precision", "no",
-                          "--json", str(report)]) == 0
+    assert evaluate_main([str(exported), str(tiny_data["test"]), "--runtime", runtime,
+                          "--mixed-precision", NO_MIXED_PRECISION, "--json", str(report)]) == 0
     scores = json.loads(report.read_text())
     assert scores["sentences"] == 11 and scores["f1"] > 0  # the fitted model finds entities
 
@@ -123,7 +124,7 @@ def test_predict_tags_conll_and_evaluate_scores_it(runtime, exported, tiny_data,
 def test_serve_answers_predict(runtime, exported):
     from ner.inference.tagger import Tagger
 
-    tagger = Tagger(exported, precision="no", runtime=runtime)
+    tagger = Tagger(exported, precision=NO_MIXED_PRECISION, runtime=runtime)
     with TestClient(create_app(tagger, exported, Limits())) as client:
         answer = client.post("/predict", json={"texts": TEXTS})
         health = client.get("/health").json()
@@ -156,7 +157,7 @@ def test_a_label_studio_retraining_swaps_in_a_model_the_runtime_runs(runtime, ex
 
     retraining_environment(monkeypatch, tmp_path / "runs", RETRAIN_ARGS)
     export = label_studio_export(make_sentences(24, seed=5))
-    served = Tagger(exported, precision="no", runtime=runtime)
+    served = Tagger(exported, precision=NO_MIXED_PRECISION, runtime=runtime)
     app = create_app(served, exported, Limits(), label_studio=True)
     retrainer = app.state.label_studio.retrainer
     retrainer.transport = httpx.MockTransport(lambda request: httpx.Response(200, json=export))

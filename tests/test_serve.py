@@ -21,6 +21,7 @@ httpx = pytest.importorskip("httpx")
 from conftest import ROOT, resolve  # noqa: E402
 from fastapi.testclient import TestClient  # noqa: E402
 
+from ner.backends import NO_MIXED_PRECISION  # noqa: E402
 from ner.serving.app import create_app  # noqa: E402
 from ner.serving.batcher import BatcherEvents, MicroBatcher  # noqa: E402
 from ner.serving.lifecycle import WARM_UP_TEXT, ServeOptions  # noqa: E402
@@ -35,7 +36,7 @@ TEXTS = ["Ada Lovelace visited London on Monday.", "", "Café \U0001F600 北京 
 def tagger(random_model):
     from ner.inference.tagger import Tagger
 
-    return Tagger(random_model, precision="no")
+    return Tagger(random_model, precision=NO_MIXED_PRECISION)
 
 
 @pytest.fixture(scope="module")
@@ -697,7 +698,7 @@ def start_server(model_dir, *extra: str,
     port = free_local_port()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     process = subprocess.Popen([sys.executable, *launcher, str(model_dir), "--port", str(port),
-                                "--mixed-precision", "no", *extra], cwd=ROOT, env=env,
+                                "--mixed-precision", NO_MIXED_PRECISION, *extra], cwd=ROOT, env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     if wait_until_healthy(url, process, timeout_s=120):
@@ -879,7 +880,8 @@ def test_a_dead_batcher_stops_the_server_with_exit_status_1(random_model, monkey
 
     thread = threading.Thread(target=client)
     thread.start()
-    status = main([str(random_model), "--port", str(port), "--mixed-precision", "no", "--shutdown-timeout", "5"])
+    status = main([str(random_model), "--port", str(port), "--mixed-precision", NO_MIXED_PRECISION,
+                   "--shutdown-timeout", "5"])
     returned.set()
     thread.join(30)
     assert status == 1
@@ -925,7 +927,7 @@ def test_serve_runs_the_model_as_it_was_trained(random_model, tmp_path):
     trained = tmp_path / "trained"
     shutil.copytree(random_model, trained)
     (trained / "training_args.json").write_text(json.dumps({"max_seq_length": 32, "decode": "argmax"}))
-    tagger = Tagger.from_args(build_parser().parse_args([str(trained), "--mixed-precision", "no"]))
+    tagger = Tagger.from_args(build_parser().parse_args([str(trained), "--mixed-precision", NO_MIXED_PRECISION]))
     assert tagger.max_seq_length == 32 and tagger.decoder.method == "argmax"
     overridden = Tagger.from_args(build_parser().parse_args([str(trained), "--max-seq-length", "64"]))
     assert overridden.max_seq_length == 64
@@ -944,7 +946,7 @@ def test_max_seq_length_outside_the_model_is_a_user_error(random_model, value, s
 
     def tagger_with(length: str) -> Tagger:
         return Tagger.from_args(build_parser().parse_args([str(random_model), "--max-seq-length", length,
-                                                           "--mixed-precision", "no"]))
+                                                           "--mixed-precision", NO_MIXED_PRECISION]))
 
     with pytest.raises(UserError) as info:
         tagger_with(value)

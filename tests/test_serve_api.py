@@ -24,6 +24,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
+from ner.backends import NO_MIXED_PRECISION  # noqa: E402
 from ner.serving.app import create_app  # noqa: E402
 from ner.serving.metrics import ServeMetrics  # noqa: E402
 from ner.serving.requests import Limits  # noqa: E402
@@ -37,7 +38,7 @@ KEY = "s3cret-key"
 def tagger(random_model):
     from ner.inference.tagger import Tagger
 
-    return Tagger(random_model, precision="no")
+    return Tagger(random_model, precision=NO_MIXED_PRECISION)
 
 
 @pytest.fixture(scope="module")
@@ -380,7 +381,7 @@ def start_two_workers(model, port: int, tmp_path) -> subprocess.Popen:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "TMPDIR": str(tmp_path)}
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
     return subprocess.Popen([sys.executable, "-m", "ner.serve", str(model), "--port", str(port),
-                             "--mixed-precision", "no", "--workers", "2"], cwd=ROOT, env=env,
+                             "--mixed-precision", NO_MIXED_PRECISION, "--workers", "2"], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -416,7 +417,8 @@ def test_workers_that_fail_make_the_command_exit_non_zero(random_model, tmp_path
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "TMPDIR": str(tmp_path)}
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
     ran = subprocess.run([sys.executable, "-m", "ner.serve", str(random_model), "--port", str(free_local_port()),
-                          "--mixed-precision", "no", "--workers", "2", "--max-seq-length", "4"], cwd=ROOT, env=env,
+                          "--mixed-precision", NO_MIXED_PRECISION, "--workers", "2", "--max-seq-length", "4"],
+                         cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=300)
     assert ran.returncode == 1, ran.stderr
     assert "--max-seq-length 4 is too small" in ran.stderr and "did not end cleanly" in ran.stderr, ran.stderr

@@ -12,6 +12,7 @@ from conftest import ROOT, run_cli
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from ner.backends import NO_MIXED_PRECISION
 from ner.data.conll import read_conll_documents
 from ner.data.examples import Example
 from ner.data.text import split_whitespace, split_whitespace_punct, split_words
@@ -57,7 +58,7 @@ TRICKY = [text for text, _ in TRICKY_WORDS]
 def tagger(random_model):
     from ner import Tagger  # the public name
 
-    return Tagger(random_model, precision="no", max_seq_length=32)
+    return Tagger(random_model, precision=NO_MIXED_PRECISION, max_seq_length=32)
 
 
 def assert_words_slice(text: str, words) -> None:

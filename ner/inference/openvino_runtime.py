@@ -24,10 +24,8 @@ from pathlib import Path
 import numpy as np
 
 from ner.errors import UserError
-from ner.inference.options import ONNX, OPENVINO, TORCH
+from ner.inference.options import ONNX, OPENVINO, TORCH, install_command
 from ner.inference.runtime import Batch, export_command, first_line, passes_at_once, runtime_threads, warn_runs_on_cpu
-
-INSTALL = 'OpenVINO runtimes need openvino: pip install -e ".[openvino]"'
 
 
 def cpu_capabilities(core) -> list[str]:
@@ -54,7 +52,7 @@ class OpenVinoRuntime:
         try:
             import openvino
         except ImportError:
-            raise UserError(INSTALL) from None
+            raise UserError(f"OpenVINO runtimes need {install_command(OPENVINO)}") from None
         warn_runs_on_cpu(path, device, "OpenVINO", f"--runtime {runtime} uses the CPU only (--runtime {TORCH}, or "
                          f"{ONNX} where onnxruntime has the device's provider, can use it)")
         core = openvino.Core()

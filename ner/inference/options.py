@@ -206,6 +206,12 @@ INSTALL = {"torch": "pip install torch", "onnxruntime": 'pip install -e ".[onnx]
            "openvino": 'pip install -e ".[openvino]"'}
 
 
+def install_command(runtime: str) -> str:
+    """The package `runtime` needs and the command that installs it, for its one-line error."""
+    package = RUNTIME_PACKAGES[runtime][0]
+    return f"{package}: {INSTALL[package]}"
+
+
 def cpu_flags(cpuinfo: str) -> frozenset[str]:
     """The instruction-set flags of the first processor in /proc/cpuinfo's text ("flags" on x86, "Features" on Arm)."""
     for line in cpuinfo.splitlines():

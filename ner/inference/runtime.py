@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ner.errors import UserError
-from ner.inference.options import FAST_RUNTIMES_COMMAND, RUNTIME_FILES
+from ner.inference.options import FAST_RUNTIMES_COMMAND, ONNX, RUNTIME_FILES, install_command
 
 if TYPE_CHECKING:
     import torch
@@ -268,7 +268,7 @@ def onnx_session(path: Path, device_type: str = "cpu"):
     try:
         import onnxruntime
     except ImportError:
-        raise UserError('ONNX runtimes need onnxruntime: pip install -e ".[onnx]"') from None
+        raise UserError(f"ONNX runtimes need {install_command(ONNX)}") from None
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = runtime_threads()
     options.log_severity_level = 3  # errors only: graph-optimisation notices are not the user's business

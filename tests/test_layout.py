@@ -197,18 +197,21 @@ def test_no_function_level_import_hides_an_import_cycle():
     assert cycles == []
 
 
-def test_readme_names_every_module():
-    """The README's map of the code has one line for each module in ner/, so it cannot go stale unnoticed."""
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    map_start = readme.index("```text", readme.index("Where things are (`ner/`)"))
-    code_map = readme[map_start:readme.index("```\n", map_start + 7)]
-    listed = [line.split()[0] for line in code_map.splitlines()[1:] if line.strip()]
+def modules_the_layout_doc_lists(layout_doc: str) -> list[str]:
+    map_start = layout_doc.index("```text", layout_doc.index("## Every module"))
+    code_map = layout_doc[map_start:layout_doc.index("```\n", map_start + 7)]
+    return [line.split()[0] for line in code_map.splitlines()[1:] if line.strip()]
+
+
+def test_layout_doc_names_every_module():
+    """docs/layout.md's map of the code has one line for each module in ner/, so it cannot go stale unnoticed."""
+    listed = modules_the_layout_doc_lists((ROOT / "docs" / "layout.md").read_text(encoding="utf-8"))
     files = {str(p.relative_to(ROOT)) for p in (ROOT / "ner").rglob("*.py")}
     files -= {"ner/__init__.py"} | {f for f in files if f.endswith("/__init__.py") and f != "ner/backends/__init__.py"}
     assert sorted(listed) == sorted(files)
 
 
-# ner/ grouped by job (README, "Where things are"). Imports run one way: a group may import only the groups listed
+# ner/ grouped by job (docs/layout.md). Imports run one way: a group may import only the groups listed
 # for it. Commands (`python -m ner.X`, the modules at the top) wire the groups together and may import any.
 SHARED = {"ner.errors", "ner.files", "ner.metrics", "ner.testing"}
 COMMANDS = {"ner", "ner.train", "ner.predict", "ner.evaluate", "ner.export", "ner.serve", "ner.plot"}
@@ -224,8 +227,6 @@ MAY_IMPORT = {
 
 
 def group_of(module: str) -> str:
-    if module == "ner.formats":
-        return "data"  # data/formats.py's old path, which only gives its names
     if module in SHARED:
         return "shared"
     if module in COMMANDS:
@@ -233,7 +234,7 @@ def group_of(module: str) -> str:
     parts = module.split(".")
     if len(parts) >= 2 and parts[1] in MAY_IMPORT:
         return parts[1]
-    raise AssertionError(f"{module} belongs to no group: add it to one (tests/test_layout.py, README)")
+    raise AssertionError(f"{module} belongs to no group: add it to one (tests/test_layout.py, docs/layout.md)")
 
 
 def arrows_against_the_direction(graph: dict[str, set[str]]) -> list[str]:
@@ -258,25 +259,6 @@ def test_the_direction_check_catches_an_arrow_against_it():
     assert arrows_against_the_direction(graph) == [
         "ner.inference.tagger (inference) imports ner.training.config (training)",
         "ner.serving.app (serving) imports ner.training.run (training)"]
-
-
-def test_nothing_inside_ner_imports_the_old_formats_path():
-    # ner/formats.py is for users' code that followed the README before the grouping; inside, a module has one name.
-    top, lazy = import_graphs()
-    assert sorted(m for m in top if "ner.formats" in top[m] | lazy[m]) == []
-
-
-def test_the_old_formats_path_warns_and_gives_the_new_names(monkeypatch):
-    import importlib
-
-    import ner.data.formats
-
-    monkeypatch.delitem(sys.modules, "ner.formats", raising=False)
-    with pytest.warns(DeprecationWarning, match="ner.data.formats"):
-        old = importlib.import_module("ner.formats")
-    assert old.read_examples is ner.data.formats.read_examples and old.load_splits is ner.data.formats.load_splits
-    with pytest.raises(AttributeError):
-        old.no_such_name  # noqa: B018 (the access is the test)
 
 
 @pytest.mark.parametrize("module", ["ner.evaluate", "ner.training.config", "ner.backends.trackers"])

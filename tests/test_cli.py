@@ -255,7 +255,7 @@ def test_missing_file(tiny_bert, tiny_data, tmp_path, capsys):
 
 
 def test_the_command_exits_with_its_code_and_its_last_words(tiny_bert, tiny_data, tmp_path):
-    """python -m ner.train ends without the interpreter's teardown (errors.exit_now): the code and the error line
+    """python -m ner.train ends without the interpreter's teardown (process.exit_now): the code and the error line
     still come out."""
     data = {**tiny_data, "validation": tmp_path / "nope.conll"}
     result = run_cli(python_module("ner.train", *tiny_args(tiny_bert, data, tmp_path / "out")))
@@ -282,7 +282,7 @@ def test_exit_now_waits_for_threads_runs_exit_handlers_and_flushes(tmp_path):
     import subprocess
     import sys
 
-    code = ("import atexit, sys, threading, time; from ner.errors import exit_now\n"
+    code = ("import atexit, sys, threading, time; from ner.process import exit_now\n"
             "atexit.register(lambda: print('exit handler ran'))\n"
             f"late = lambda: (time.sleep(0.5), open({str(tmp_path / 'late')!r}, 'w').close())\n"
             "threading.Thread(target=late).start()\n"
@@ -381,7 +381,7 @@ def test_log_lines_go_to_the_stderr_of_the_moment_not_a_closed_one(monkeypatch, 
     import logging
     import sys
 
-    from ner.errors import log_to_stderr
+    from ner.process import log_to_stderr
 
     streams = [open(tmp_path / f"stderr{i}.txt", "w", encoding="utf-8") for i in range(3)]  # noqa: SIM115
     monkeypatch.setattr(sys, "stderr", streams[0])

@@ -11,8 +11,9 @@ from typing import NoReturn
 
 
 def process_rank_from_env() -> int:
-    """This process's global rank as a launcher set it (0 when not launched)."""
-    return int(os.environ.get("RANK", os.environ.get("ACCELERATE_PROCESS_INDEX", "0")) or 0)
+    """This process's global rank as its launcher set it in RANK (torchrun, accelerate launch, and raw DDP's own
+    spawn all do); 0 when nothing launched it. The one reader of RANK: the raw DDP backend takes its rank here too."""
+    return int(os.environ.get("RANK") or 0)
 
 
 def exit_now(code: int) -> NoReturn:

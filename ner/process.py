@@ -20,8 +20,13 @@ def exit_now(code: int) -> NoReturn:
     """End a command's process the way the interpreter would, less its teardown: after torch and transformers,
     freeing every module and object one at a time takes 1-2 s on 2 cores, memory the OS frees at once anyway. Other
     threads are waited for and the exit handlers run (logging, trackers, temporary folders), as at a normal exit."""
-    threading._shutdown()  # what the interpreter does first at exit: wait for the threads that are not daemons
-    atexit._run_exitfuncs()
+    # Private APIs, each the Python face of a step the interpreter takes at exit, with no public equivalent
+    # (tests/test_process.py fails if either goes or changes). threading._shutdown first runs the hooks registered
+    # with threading._register_atexit, by which concurrent.futures wakes the idle workers of every ThreadPoolExecutor
+    # still open, then joins every thread that is not a daemon. Joining threading.enumerate()'s non-daemon threads
+    # instead would wait forever on the first idle pool a library (or an inference runtime) left open.
+    threading._shutdown()
+    atexit._run_exitfuncs()  # the atexit module has no public call that runs its handlers
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     os._exit(code)

@@ -276,23 +276,6 @@ def test_the_console_script_ends_as_the_module_does(tiny_bert, tiny_data, tmp_pa
     assert_clean_failure(result.returncode, result.stderr, tmp_path / "out", "nope.conll: file not found")
 
 
-def test_exit_now_waits_for_threads_runs_exit_handlers_and_flushes(tmp_path):
-    """What a normal exit does before its teardown, exit_now does too."""
-    import os
-    import subprocess
-    import sys
-
-    code = ("import atexit, sys, threading, time; from ner.process import exit_now\n"
-            "atexit.register(lambda: print('exit handler ran'))\n"
-            f"late = lambda: (time.sleep(0.5), open({str(tmp_path / 'late')!r}, 'w').close())\n"
-            "threading.Thread(target=late).start()\n"
-            "sys.stdout.write('buffered, no newline'); exit_now(3)")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                            env={**os.environ, "PYTHONUNBUFFERED": ""})  # stdout buffered: flushed at the end
-    assert result.returncode == 3, result.stderr
-    assert result.stdout == "buffered, no newlineexit handler ran\n" and (tmp_path / "late").exists()
-
-
 def test_model_folder_that_does_not_exist(tiny_data, tmp_path, capsys):
     missing = tmp_path / "no" / "such" / "folder"
     code = train_cli.main(tiny_args(missing, tiny_data, tmp_path / "out"))

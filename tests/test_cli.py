@@ -358,20 +358,3 @@ def test_resume_with_other_labels_or_hyperparameters_lists_differences(trained, 
     assert "learning_rate: checkpoint 0.003, now 0.5" in err and "labels: checkpoint" in err
 
 
-def test_log_lines_go_to_the_stderr_of_the_moment_not_a_closed_one(monkeypatch, tmp_path):
-    """A notebook or test that swaps sys.stderr (and closes the old one) after a training set logging up: later
-    log lines reach the new stderr, with no '--- Logging error ---' traceback and no error in the caller."""
-    import logging
-    import sys
-
-    from ner.process import log_to_stderr
-
-    streams = [open(tmp_path / f"stderr{i}.txt", "w", encoding="utf-8") for i in range(3)]  # noqa: SIM115
-    monkeypatch.setattr(sys, "stderr", streams[0])
-    log_to_stderr(logging.INFO)  # conftest's root_logging_as_it_was removes it after the test
-    for previous, current in zip(streams, streams[1:]):
-        previous.close()  # a real file raises on any use once closed (io.StringIO does not on flush)
-        monkeypatch.setattr(sys, "stderr", current)
-        logging.getLogger("ner").warning("after the swap")
-    streams[-1].close()
-    assert [(tmp_path / f"stderr{i}.txt").read_text().count("WARNING after the swap") for i in range(3)] == [0, 1, 1]

@@ -1,8 +1,9 @@
-"""An entry point's process (ner/process.py): its rank from the launcher's environment, and its fast exit."""
+"""An entry point's process (ner/process.py): its rank from the launcher's environment, its fast exit, its logging."""
 
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import subprocess
 import sys
@@ -10,7 +11,7 @@ import threading
 
 import pytest
 
-from ner.process import process_rank_from_env
+from ner.process import log_to_stderr, process_rank_from_env
 
 
 @pytest.mark.parametrize(("env", "rank", "world"), [
@@ -93,3 +94,17 @@ def test_exit_now_ends_while_a_thread_pool_waits_for_work_and_finishes_the_work_
     result = run_until_exit(code, answer="finished\n")
     assert result.returncode == 4, result.stderr[-2000:]
     assert result.stdout == "exiting\nqueued work finished\n"
+
+
+def test_log_lines_go_to_the_stderr_of_the_moment_not_a_closed_one(monkeypatch, tmp_path):
+    """A notebook or test that swaps sys.stderr (and closes the old one) after a training set logging up: later
+    log lines reach the new stderr, with no '--- Logging error ---' traceback and no error in the caller."""
+    streams = [open(tmp_path / f"stderr{i}.txt", "w", encoding="utf-8") for i in range(3)]  # noqa: SIM115
+    monkeypatch.setattr(sys, "stderr", streams[0])
+    log_to_stderr(logging.INFO)  # conftest's root_logging_as_it_was removes it after the test
+    for previous, current in zip(streams, streams[1:]):
+        previous.close()  # a real file raises on any use once closed (io.StringIO does not on flush)
+        monkeypatch.setattr(sys, "stderr", current)
+        logging.getLogger("ner").warning("after the swap")
+    streams[-1].close()
+    assert [(tmp_path / f"stderr{i}.txt").read_text().count("WARNING after the swap") for i in range(3)] == [0, 1, 1]

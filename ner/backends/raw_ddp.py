@@ -15,7 +15,6 @@ Each step of the recipe is one function here: `_world()` reads RANK / LOCAL_RANK
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import socket
 import sys
@@ -31,8 +30,6 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from ner.backends import LossScaler, RawPrecisionSteps, resolve_precision
 from ner.errors import USAGE_EXIT_CODE, UserError, report
 from ner.process import process_rank_from_env
-
-log = logging.getLogger(__name__)
 
 
 class _EpochBatches(Dataset):

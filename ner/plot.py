@@ -21,7 +21,8 @@ import logging
 import sys
 from pathlib import Path
 
-from ner.errors import UserError, cli, log_to_stderr
+from ner.errors import UserError, cli
+from ner.process import log_to_stderr
 from ner.training.plots import write_plots
 
 

@@ -36,8 +36,9 @@ import socket
 import sys
 from pathlib import Path
 
-from ner.errors import UserError, cli, log_to_stderr
+from ner.errors import UserError, cli
 from ner.inference.options import add_model_arguments
+from ner.process import log_to_stderr
 from ner.serving.app import create_app
 from ner.serving.lifecycle import ServeOptions
 from ner.serving.requests import Limits

@@ -21,7 +21,8 @@ from pathlib import Path
 
 from ner.backends import Backend, launch
 from ner.backends.trackers import record_tracker_files
-from ner.errors import cli, exit_now, process_rank_from_env
+from ner.errors import cli
+from ner.process import exit_now, process_rank_from_env
 from ner.training.config import parse_config
 from ner.training.run import run
 

@@ -255,7 +255,7 @@ def test_missing_file(tiny_bert, tiny_data, tmp_path, capsys):
 
 
 def test_the_command_exits_with_its_code_and_its_last_words(tiny_bert, tiny_data, tmp_path):
-    """python -m ner.train ends without the interpreter's teardown (errors.exit_now): the code and the error line
+    """python -m ner.train ends without the interpreter's teardown (process.exit_now): the code and the error line
     still come out."""
     data = {**tiny_data, "validation": tmp_path / "nope.conll"}
     result = run_cli(python_module("ner.train", *tiny_args(tiny_bert, data, tmp_path / "out")))
@@ -274,23 +274,6 @@ def test_the_console_script_ends_as_the_module_does(tiny_bert, tiny_data, tmp_pa
     code = f"import sys; sys.argv = {argv!r}; from ner.train import command; command()"
     result = run_cli([sys.executable, "-c", code])
     assert_clean_failure(result.returncode, result.stderr, tmp_path / "out", "nope.conll: file not found")
-
-
-def test_exit_now_waits_for_threads_runs_exit_handlers_and_flushes(tmp_path):
-    """What a normal exit does before its teardown, exit_now does too."""
-    import os
-    import subprocess
-    import sys
-
-    code = ("import atexit, sys, threading, time; from ner.errors import exit_now\n"
-            "atexit.register(lambda: print('exit handler ran'))\n"
-            f"late = lambda: (time.sleep(0.5), open({str(tmp_path / 'late')!r}, 'w').close())\n"
-            "threading.Thread(target=late).start()\n"
-            "sys.stdout.write('buffered, no newline'); exit_now(3)")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                            env={**os.environ, "PYTHONUNBUFFERED": ""})  # stdout buffered: flushed at the end
-    assert result.returncode == 3, result.stderr
-    assert result.stdout == "buffered, no newlineexit handler ran\n" and (tmp_path / "late").exists()
 
 
 def test_model_folder_that_does_not_exist(tiny_data, tmp_path, capsys):
@@ -375,20 +358,3 @@ def test_resume_with_other_labels_or_hyperparameters_lists_differences(trained, 
     assert "learning_rate: checkpoint 0.003, now 0.5" in err and "labels: checkpoint" in err
 
 
-def test_log_lines_go_to_the_stderr_of_the_moment_not_a_closed_one(monkeypatch, tmp_path):
-    """A notebook or test that swaps sys.stderr (and closes the old one) after a training set logging up: later
-    log lines reach the new stderr, with no '--- Logging error ---' traceback and no error in the caller."""
-    import logging
-    import sys
-
-    from ner.errors import log_to_stderr
-
-    streams = [open(tmp_path / f"stderr{i}.txt", "w", encoding="utf-8") for i in range(3)]  # noqa: SIM115
-    monkeypatch.setattr(sys, "stderr", streams[0])
-    log_to_stderr(logging.INFO)  # conftest's root_logging_as_it_was removes it after the test
-    for previous, current in zip(streams, streams[1:]):
-        previous.close()  # a real file raises on any use once closed (io.StringIO does not on flush)
-        monkeypatch.setattr(sys, "stderr", current)
-        logging.getLogger("ner").warning("after the swap")
-    streams[-1].close()
-    assert [(tmp_path / f"stderr{i}.txt").read_text().count("WARNING after the swap") for i in range(3)] == [0, 1, 1]

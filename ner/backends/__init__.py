@@ -9,7 +9,6 @@ torch.multiprocessing (tests/test_layout.py enforces it).
 from __future__ import annotations
 
 import contextlib
-import logging
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager as ContextManager
 from pathlib import Path
@@ -20,7 +19,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     import torch
 
-log = logging.getLogger(__name__)
 
 # The training backends by the name --backend takes (the first is the default), and the autocast precisions a
 # backend runs in once `auto` is resolved: declared once, read by the config, the command line and the tests.

@@ -15,7 +15,6 @@ Each step of the recipe is one function here: `_world()` reads RANK / LOCAL_RANK
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import socket
 import sys
@@ -30,8 +29,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from ner.backends import LossScaler, RawPrecisionSteps, resolve_precision
 from ner.errors import USAGE_EXIT_CODE, UserError, report
-
-log = logging.getLogger(__name__)
+from ner.process import process_rank_from_env
 
 
 class _EpochBatches(Dataset):
@@ -145,9 +143,8 @@ def _world(local_rank_arg: int | None) -> tuple[int, int, int] | None:
     """(rank, local_rank, world_size) from torchrun's environment, or None without a launcher."""
     if "WORLD_SIZE" not in os.environ or "RANK" not in os.environ:
         return None
-    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", local_rank_arg if local_rank_arg is not None else 0))
-    return rank, local_rank, world_size
+    return process_rank_from_env(), local_rank, int(os.environ["WORLD_SIZE"])
 
 
 def _init(cfg, rank: int, local_rank: int, world_size: int) -> torch.device:

@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ner.backends import BF16, NO_MIXED_PRECISION
-from ner.errors import UserError, log_to_stderr, process_rank_from_env
+from ner.errors import UserError
 from ner.inference.decode import DECODERS
+from ner.process import log_to_stderr, process_rank_from_env
 
 log = logging.getLogger("ner")
 

@@ -9,7 +9,6 @@ micro-batches, and 1 rank x 1 double batch give the same gradient, to float roun
 from __future__ import annotations
 
 import contextlib
-import logging
 import math
 import zlib
 from collections.abc import Iterable, Iterator
@@ -24,8 +23,6 @@ from torch.optim.lr_scheduler import LRScheduler
 from ner.backends import Backend
 from ner.data.encode import IGNORE_INDEX, model_inputs
 from ner.training.model import attention_mask_as_given
-
-log = logging.getLogger(__name__)
 
 
 @dataclass

@@ -27,11 +27,12 @@ from ner.data.encode import cached_encode, collate_tensors, collate_to_bucket, d
 from ner.data.examples import Columns, has_documents
 from ner.data.formats import Splits, load_splits
 from ner.data.tags import build_label_list, check_known_labels
-from ner.errors import UserError, log_to_stderr
+from ner.errors import UserError
 from ner.files import temporary_of
 from ner.inference.analysis import entity_errors, format_errors
 from ner.inference.decode import Decoder
 from ner.metrics import entity_scores, format_scores
+from ner.process import log_to_stderr
 from ner.training import checkpoint as ckpt
 from ner.training.auto import resolve_auto, resolve_casing, resolve_context
 from ner.training.config import TrainConfig, tokenization_cache_dir, with_sample_data

@@ -42,6 +42,7 @@ from ner.files import (
     replace_folder,
     sha256_file,
     temporary_of,
+    tree_paths,
     unrecorded,
     write_record,
 )
@@ -134,9 +135,9 @@ def save_state(state: dict, path: Path) -> None:
 
 
 def _seal(tmp: Path, final: Path, step: int) -> None:
-    files = sorted(p for p in tmp.rglob("*") if p.is_file())
+    names = sorted(name for name in tree_paths(tmp) if (tmp / name).is_file())
     with ThreadPoolExecutor(SEAL_THREADS) as pool:  # fsync and hashlib release the GIL: files overlap
-        entries = dict(zip((p.relative_to(tmp).as_posix() for p in files), pool.map(durable_entry, files)))
+        entries = dict(zip(names, pool.map(durable_entry, (tmp / name for name in names))))
     write_record(tmp, CHECKPOINT_TOOL, entries, MANIFEST, fsync=True, step=step)
     replace_folder(tmp, final)  # over an older incomplete or superseded copy of the same step, if any
 

@@ -28,7 +28,7 @@ from ner.data.examples import Columns, has_documents
 from ner.data.formats import Splits, load_splits
 from ner.data.tags import build_label_list, check_known_labels
 from ner.errors import UserError, log_to_stderr
-from ner.files import temporary_of
+from ner.files import read_record, temporary_of, unrecorded
 from ner.inference.analysis import entity_errors, format_errors
 from ner.inference.decode import Decoder
 from ner.metrics import entity_scores, format_scores
@@ -37,11 +37,12 @@ from ner.training.auto import resolve_auto, resolve_casing, resolve_context
 from ner.training.config import TrainConfig, tokenization_cache_dir, with_sample_data
 from ner.training.evaluation import EvalSet, build_eval_set, predict_tags
 from ner.training.export import (
+    EXPORT_TOOL,
     checkpoint_export_names,
     export_checkpoint,
     export_fast_runtimes,
     is_export,
-    unrecorded,
+    not_the_exports,
 )
 from ner.training.hooks import RunHooks
 from ner.training.loop import TrainState, fit, loss_and_logits, updates_in_epoch
@@ -197,11 +198,11 @@ def check_final_for_resume(final: Path, resume_from: Path | None) -> None:
     there must be the old export's own (not a README.md of yours, nor a model card you edited)."""
     if final.is_symlink() or not final.is_dir() or (any(final.iterdir()) and not is_export(final)):
         refuse_foreign(final.parent, [final])
-    unsure = unrecorded(final, checkpoint_export_names(resume_from))
+    unsure = unrecorded(final, read_record(final, EXPORT_TOOL), checkpoint_export_names(resume_from))
     if unsure:
-        path, why = unsure[0]
-        raise UserError(f"{path}: {why}; the resumed run's export would replace it: move it away (nothing was "
-                        "changed)")
+        path, edited = unsure[0]
+        raise UserError(f"{path}: {not_the_exports(edited)}; the resumed run's export would replace it: move it "
+                        "away (nothing was changed)")
 
 
 def not_written_by_a_run(out: Path, markers: list[str]) -> list[Path]:
@@ -234,7 +235,7 @@ def foreign_in_final(final: Path) -> list[Path]:
         return []
     if not is_export(final):
         return [final]
-    return [p for p, _ in unrecorded(final)]
+    return [p for p, _ in unrecorded(final, read_record(final, EXPORT_TOOL))]
 
 
 def foreign_in_checkpoints(root: Path) -> list[Path]:

@@ -21,7 +21,7 @@ from ner.errors import UserError
 from ner.export import main as export_main
 from ner.training import checkpoint as ckpt
 from ner.training.export import EXPORT_TOOL, export_checkpoint
-from ner.training.run import claim_output_dir
+from ner.training.output_dir import claim_output_dir
 
 
 def list_as_export(folder):

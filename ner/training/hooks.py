@@ -24,6 +24,7 @@ from ner.testing import inject_fault
 from ner.training import checkpoint as ckpt
 from ner.training.evaluation import predict_tags
 from ner.training.loop import TrainState, UnreadUpdates, UpdateRecord
+from ner.training.run_files import METRICS_FILE
 
 log = logging.getLogger("ner")
 
@@ -101,7 +102,7 @@ class RunHooks:
         self.is_main = backend.is_main_process
         self.bar = tqdm(total=total_steps, initial=state.global_step, desc="train", unit="step", dynamic_ncols=True,
                         disable=not self.is_main or cfg.quiet)
-        self.metrics_path = Path(cfg.output_dir) / "metrics.jsonl"
+        self.metrics_path = Path(cfg.output_dir) / METRICS_FILE
         self.tokens = TokenCounter()
         self.logged_losses = len(state.step_losses)  # step_losses before this index are in an earlier record
         self.grad_norms: list[float] = []  # since the last record

@@ -18,6 +18,7 @@ from conftest import python_module, read_state, run_cli, tiny_args
 from safetensors.torch import load_file
 
 from ner.backends import ACCELERATE, RAW_DDP
+from ner.backends.trackers import TrackerClaim
 from ner.errors import UserError
 from ner.training import checkpoint as ckpt
 from ner.training import output_dir as output_dir_module
@@ -309,7 +310,7 @@ def overwrite_on_two_ranks(out: Path, monkeypatch, slow_rank_1: bool = True) -> 
     monkeypatch.setattr(output_dir_module, "not_written_by_a_run", inspect)
     monkeypatch.setattr(output_dir_module.shutil, "rmtree", rmtree)
     cfg = SimpleNamespace(output_path=out, resume=None, overwrite_output_dir=True)
-    return ranks, ranks.run(lambda backend: output_dir_module.claim_output_dir(cfg, backend))
+    return ranks, ranks.run(lambda backend: output_dir_module.claim_output_dir(cfg, backend, TrackerClaim(out)))
 
 
 def test_overwrite_output_dir_on_two_ranks_lets_only_rank_0_inspect_and_remove(tmp_path, monkeypatch):

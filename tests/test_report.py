@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from seqeval.metrics import classification_report
 
 from ner.backends import NO_MIXED_PRECISION
+from ner.backends.trackers import TrackerClaim
 from ner.data.conll import read_conll, read_predictions, write_predictions
 from ner.data.tags import build_label_list
 from ner.evaluate import main as evaluate_main
@@ -98,7 +99,8 @@ def test_overwrite_output_dir_removes_every_plot_a_run_draws(tmp_path):
     written = write_plots(write_run(out))
     assert len(written) == 4  # every plot: the run logged losses and evaluations, and wrote predictions
     backend = SimpleNamespace(is_main_process=True, wait_for_everyone=lambda: None)
-    claim_output_dir(SimpleNamespace(output_path=out, resume=None, overwrite_output_dir=True), backend)
+    cfg = SimpleNamespace(output_path=out, resume=None, overwrite_output_dir=True)
+    claim_output_dir(cfg, backend, TrackerClaim(out))
     assert sorted(p.name for p in out.iterdir()) == []
 
 

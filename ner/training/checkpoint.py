@@ -32,7 +32,7 @@ import torch
 from safetensors.torch import load_file
 
 from ner.backends import Backend
-from ner.backends.trackers import record_tracker_files
+from ner.backends.trackers import TrackerClaim
 from ner.errors import UserError
 from ner.files import (
     file_entry,
@@ -95,8 +95,9 @@ def set_rng_state(state: dict) -> None:
 
 
 def save_checkpoint(backend: Backend, output_dir: Path, step: int, model, tokenizer, optimizer, scheduler,
-                    trainer_state: dict) -> Path:
-    """Collective: every rank calls it. Returns the final folder."""
+                    trainer_state: dict, trackers: TrackerClaim) -> Path:
+    """Collective: every rank calls it. Returns the final folder. `trackers`: the run's claim, whose record the
+    checkpoint brings up to date."""
     root = checkpoint_root(output_dir)
     final, tmp = root / f"step_{step}", None
     if backend.is_main_process:
@@ -118,7 +119,7 @@ def save_checkpoint(backend: Backend, output_dir: Path, step: int, model, tokeni
     backend.wait_for_everyone()
     if backend.is_main_process:
         _seal(tmp, final, step)
-        record_tracker_files(output_dir)
+        trackers.record()
     backend.wait_for_everyone()
     return final
 

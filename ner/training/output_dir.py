@@ -1,6 +1,6 @@
 """Who owns a run's --output-dir: one run a folder, and nothing removed or replaced that a run did not write.
 
-    claim_output_dir(cfg, backend, resume_from)   # before a run writes there, on every rank
+    claim_output_dir(cfg, backend, trackers, resume_from)   # before a run writes there, on every rank
 
 A folder that holds a run (RUN_MARKERS) is refused unless told: --overwrite-output-dir removes the run's own entries
 and nothing else, and only once no record shows a file of yours among them (the checkpoints' manifests, the export's
@@ -14,7 +14,7 @@ import shutil
 from pathlib import Path
 
 from ner.backends import Backend
-from ner.backends.trackers import TRACKERS_DIR, claim_tracker_files, unrecorded_tracker_files
+from ner.backends.trackers import TRACKERS_DIR, TrackerClaim, unrecorded_tracker_files
 from ner.errors import UserError
 from ner.files import read_record, temporary_of, unrecorded
 from ner.training import checkpoint as ckpt
@@ -27,12 +27,12 @@ RUN_MARKERS = (ckpt.CHECKPOINTS, FINAL_DIR, METRICS_FILE, PREDICTIONS_DIR, *PLOT
 RUN_FILES = {METRICS_FILE, *PLOTS}  # the markers that are files; the others are folders
 
 
-def claim_output_dir(cfg: TrainConfig, backend: Backend, resume_from: Path | None = None) -> None:
+def claim_output_dir(cfg: TrainConfig, backend: Backend, trackers: TrackerClaim,
+                     resume_from: Path | None = None) -> None:
     """Refuse to mix two runs in one folder unless told to overwrite or resume (a run starts afresh, `--resume auto`
     that found no complete checkpoint included, only where no run wrote); refuse, before anything is removed, to
-    remove or replace anything no record shows a run wrote."""
+    remove or replace anything no record shows a run wrote. Claimed, the main process takes the run's `trackers`."""
     out = cfg.output_path
-    claim_tracker_files(out, claimed=False)
     if out.exists() and not out.is_dir():
         raise UserError(f"{out}: --output-dir exists and is not a folder")
     taken = run_markers(out)
@@ -50,7 +50,7 @@ def claim_output_dir(cfg: TrainConfig, backend: Backend, resume_from: Path | Non
     backend.wait_for_everyone()  # no rank looks at the folder any more when rank 0 starts writing there
     if backend.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
-        claim_tracker_files(out, claimed=True)
+        trackers.take()
 
 
 def run_markers(out: Path) -> list[str]:

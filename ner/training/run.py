@@ -19,6 +19,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from ner.backends import ACCELERATE, Backend
+from ner.backends.trackers import TrackerClaim
 from ner.data.batching import TokenBudgetBatchSampler
 from ner.data.conll import write_predictions
 from ner.data.encode import cached_encode, collate_tensors, collate_to_bucket, drop_casing, padded_lengths
@@ -150,8 +151,9 @@ def plan_epochs(sampler: TokenBudgetBatchSampler, cfg: TrainConfig, world_size: 
     return sum(updates_per_epoch(sampler, e, cfg, world_size) for e in range(cfg.num_epochs)), cfg.num_epochs
 
 
-def run(cfg: TrainConfig, backend: Backend) -> dict:
-    """Train, evaluate, export; returns the final metrics (on every rank)."""
+def run(cfg: TrainConfig, backend: Backend, trackers: TrackerClaim) -> dict:
+    """Train, evaluate, export; returns the final metrics (on every rank). `trackers`: the run's claim on trackers/,
+    which its caller releases once the backend ended."""
     setup_logging(backend.is_main_process)
     cfg = with_sample_data(cfg)
     set_threads(int(os.environ.get("LOCAL_WORLD_SIZE", backend.num_processes)))
@@ -193,11 +195,11 @@ def run(cfg: TrainConfig, backend: Backend) -> dict:
         state = TrainState(**ckpt.load_checkpoint(backend, resume_from, model, optimizer, scheduler)["train_state"])
         log.info("resumed from %s (step %d, epoch %d, batch %d)", resume_from, state.global_step, state.epoch,
                  state.batches_done)
-    claim_output_dir(cfg, backend, resume_from)
+    claim_output_dir(cfg, backend, trackers, resume_from)
     if cfg.report_to != "none" and cfg.backend != ACCELERATE:
         log.warning("--report-to %s works through Accelerate's trackers; with --%s only metrics.jsonl is written",
                     cfg.report_to, cfg.backend)
-    hooks = RunHooks(cfg, backend, model, optimizer, scheduler, data, state, total_steps)
+    hooks = RunHooks(cfg, backend, model, optimizer, scheduler, data, state, total_steps, trackers)
     fit(model, optimizer, scheduler, loader, backend, state, total_steps, num_epochs,
         cfg.gradient_accumulation_steps, cfg.max_grad_norm, hooks, compute)
     hooks.close()

@@ -32,7 +32,7 @@ class Worker:
 
     def __init__(self, cfg) -> None:
         self.cfg = cfg
-        self.trackers = TrackerClaim(cfg.output_path)
+        self.trackers = TrackerClaim()
 
     def __call__(self, backend: Backend) -> None:
         run(self.cfg, backend, self.trackers)

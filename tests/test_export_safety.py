@@ -267,7 +267,7 @@ def test_the_runs_own_export_reads_the_hashes_of_the_checkpoint_it_sealed(checkp
 def claim(out, overwrite=True, resume=None, resume_from=None, run_trackers=None):
     """claim_output_dir on one process; returns the run's claim on trackers/ (`run_trackers`, else a new one)."""
     cfg = SimpleNamespace(output_path=out, resume=resume, overwrite_output_dir=overwrite)
-    run_trackers = run_trackers or trackers.TrackerClaim(out)
+    run_trackers = run_trackers or trackers.TrackerClaim()
     claim_output_dir(cfg, SimpleNamespace(is_main_process=True, wait_for_everyone=lambda: None), run_trackers,
                      resume_from)
     return run_trackers
@@ -275,8 +275,8 @@ def claim(out, overwrite=True, resume=None, resume_from=None, run_trackers=None)
 
 def trackers_of_a_run(out):
     """What tensorboard and mlflow leave in trackers/, recorded the way a run records it."""
-    run = trackers.TrackerClaim(out)
-    run.take()
+    run = trackers.TrackerClaim()
+    run.take(out)
     (out / "trackers" / "ner" / "1700000000.5").mkdir(parents=True)
     (out / "trackers" / "ner" / "events.out.tfevents.1700000000.host.1.0").write_bytes(b"events")
     (out / "trackers" / "ner" / "1700000000.5" / "hparams.yml").write_text("seed: 7\n")
@@ -375,7 +375,7 @@ def test_the_tracker_record_never_lists_what_was_there_before_the_run_or_a_refus
     resumed.record()  # at a checkpoint
     assert trackers.unrecorded_tracker_files(out) == [out / "trackers" / "mine.txt"]
     (out / "trackers" / "later.txt").write_text("mine too")
-    refused = trackers.TrackerClaim(out)
+    refused = trackers.TrackerClaim()
     with pytest.raises(UserError, match="mine.txt"):
         claim(out, run_trackers=refused)  # refused: the run holds no claim on `out`, so nothing joins the record
     refused.release()
@@ -500,7 +500,7 @@ def test_a_save_removes_a_killed_saves_staging_folders(random_model, tmp_path):
                               gather_object=lambda obj: [obj], unwrap_model=lambda m: m)
     folder = ckpt.save_checkpoint(backend, tmp_path, 4, model, AutoTokenizer.from_pretrained(random_model), optimizer,
                                   torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0), {"global_step": 4},
-                                  trackers.TrackerClaim(tmp_path))
+                                  trackers.TrackerClaim())
     assert folder == root / "step_4" and ckpt.verify(folder) is None
     assert sorted(p.name for p in root.iterdir()) == sorted(kept + ["step_4"])
 

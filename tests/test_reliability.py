@@ -310,7 +310,7 @@ def overwrite_on_two_ranks(out: Path, monkeypatch, slow_rank_1: bool = True) -> 
     monkeypatch.setattr(output_dir_module, "not_written_by_a_run", inspect)
     monkeypatch.setattr(output_dir_module.shutil, "rmtree", rmtree)
     cfg = SimpleNamespace(output_path=out, resume=None, overwrite_output_dir=True)
-    return ranks, ranks.run(lambda backend: output_dir_module.claim_output_dir(cfg, backend, TrackerClaim(out)))
+    return ranks, ranks.run(lambda backend: output_dir_module.claim_output_dir(cfg, backend, TrackerClaim()))
 
 
 def test_overwrite_output_dir_on_two_ranks_lets_only_rank_0_inspect_and_remove(tmp_path, monkeypatch):

@@ -100,7 +100,7 @@ def test_overwrite_output_dir_removes_every_plot_a_run_draws(tmp_path):
     assert len(written) == 4  # every plot: the run logged losses and evaluations, and wrote predictions
     backend = SimpleNamespace(is_main_process=True, wait_for_everyone=lambda: None)
     cfg = SimpleNamespace(output_path=out, resume=None, overwrite_output_dir=True)
-    claim_output_dir(cfg, backend, TrackerClaim(out))
+    claim_output_dir(cfg, backend, TrackerClaim())
     assert sorted(p.name for p in out.iterdir()) == []
 
 

@@ -44,26 +44,27 @@ class TrackerClaim:
     process once the run holds the output folder; never taken (a refused run, the other ranks, a launcher whose
     workers run in other processes), it records nothing."""
 
-    output_dir: Path
-    not_ours: frozenset[str] | None = None  # what trackers/ held unlisted when the run took it; None: not taken
+    output_dir: Path | None = None  # the run's --output-dir once taken; None: not taken (or released)
+    not_ours: frozenset[str] = frozenset()  # what trackers/ held, unlisted, when the run took it
 
-    def take(self) -> None:
+    def take(self, output_dir: Path) -> None:
         """From now on the record lists what the trackers write; what trackers/ holds unlisted now never joins it."""
-        folder = Path(self.output_dir) / TRACKERS_DIR
+        folder = Path(output_dir) / TRACKERS_DIR
         present = tree_paths(folder) if folder.is_dir() else set()
-        self.not_ours = frozenset(present - (recorded_tracker_paths(self.output_dir) or set()) - {RECORD})
+        self.not_ours = frozenset(present - (recorded_tracker_paths(output_dir) or set()) - {RECORD})
+        self.output_dir = Path(output_dir)
 
     def record(self) -> None:
         """Write trackers/.ner-record.json, if the run took its claim."""
-        folder = Path(self.output_dir) / TRACKERS_DIR
-        if self.not_ours is None or not folder.is_dir():
+        folder = self.output_dir / TRACKERS_DIR if self.output_dir is not None else None
+        if folder is None or not folder.is_dir():
             return
         write_record(folder, TRACKERS_TOOL, {path: {} for path in tree_paths(folder) - self.not_ours - {RECORD}})
 
     def release(self) -> None:
         """The run is over and its trackers closed: record their last files, then nothing more."""
         self.record()
-        self.not_ours = None
+        self.output_dir = None
 
 
 def unrecorded_tracker_files(output_dir: Path) -> list[Path]:

@@ -50,7 +50,7 @@ def claim_output_dir(cfg: TrainConfig, backend: Backend, trackers: TrackerClaim,
     backend.wait_for_everyone()  # no rank looks at the folder any more when rank 0 starts writing there
     if backend.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
-        trackers.take()
+        trackers.take(out)
 
 
 def run_markers(out: Path) -> list[str]:

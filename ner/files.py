@@ -17,7 +17,7 @@ output), so that nothing else there is ever removed or replaced:
     read_record(folder, tool)              # its entries, or None: no record of `tool` there
     read_whole_record(folder, tool)        # the record as written, the writer's own keys included
     unrecorded(folder, entries)            # what the record does not vouch for, each with whether it was edited
-    tree_paths(folder)                     # every path under a folder, as a record names them
+    tree_paths(folder)                     # every path under a folder, as a record names them: the one walk
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import re
 import secrets
 import shutil
 import string
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path, PurePath, PurePosixPath
 
@@ -220,30 +220,36 @@ def unrecorded(folder: Path, entries: dict[str, dict] | None, names: set[str] | 
     path) and, with `contents`, a pinned file whose bytes changed. `names`: only these; the record `name` is ours."""
     entries = entries or {}
     holders = {parent.as_posix() for path in entries for parent in PurePosixPath(path).parents} - {"."}
+
+    def asked(relative: str) -> bool:
+        return relative != name and (names is None or relative in names)
+
+    def edited(relative: str) -> bool | None:
+        """None: the tool's as it is (a folder of the tool's is walked); else whether it is recorded but edited."""
+        if relative not in entries and relative not in holders:
+            return False
+        entry = entries.get(relative, {})
+        if contents and "sha256" in entry and not same_bytes(folder / relative, entry):
+            return True
+        return None
+
     found = []
-    for root, dirs, files in os.walk(folder):
-        base = PurePosixPath(Path(root).relative_to(folder).as_posix())
-        for entry_name in sorted(dirs + files):
-            relative, path = (base / entry_name).as_posix(), Path(root) / entry_name
-            if relative == name or (names is not None and relative not in names):
-                pass  # not asked about
-            elif relative not in entries and relative not in holders:
-                found.append((path, False))
-            elif contents and "sha256" in entries.get(relative, {}) and not same_bytes(path, entries[relative]):
-                found.append((path, True))
-            else:
-                continue  # the tool's: a folder is walked
-            if entry_name in dirs:
-                dirs.remove(entry_name)
+    for relative in tree_paths(folder, into=lambda relative: asked(relative) and edited(relative) is None):
+        why = edited(relative) if asked(relative) else None  # a file's bytes are hashed once
+        if why is not None:
+            found.append((Path(folder) / relative, why))
     return sorted(found)
 
 
-def tree_paths(folder: Path) -> set[str]:
-    """Every path under `folder` (files, folders, links; links not followed), relative and `/`-separated."""
+def tree_paths(folder: Path, into: Callable[[str], bool] | None = None) -> set[str]:
+    """Every path under `folder` (files, folders, links; links not followed), relative and `/`-separated: the one
+    walk of a folder. `into`: whether to walk into a folder found there, given its relative path (default: all)."""
     found: set[str] = set()
     for root, dirs, files in os.walk(folder):
         base = PurePosixPath(Path(root).relative_to(folder).as_posix())
         found |= {(base / name).as_posix() for name in dirs + files}
+        if into is not None:
+            dirs[:] = [name for name in dirs if into((base / name).as_posix())]
     return found
 
 

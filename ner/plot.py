@@ -24,6 +24,7 @@ from pathlib import Path
 from ner.errors import UserError, cli
 from ner.process import log_to_stderr
 from ner.training.plots import write_plots
+from ner.training.run_files import METRICS_FILE, PREDICTIONS_DIR, VALIDATION_PREDICTIONS
 
 
 @cli
@@ -32,10 +33,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("output_dir", type=Path, help="a training run's --output-dir (holds metrics.jsonl)")
     args = parser.parse_args(argv)
     log_to_stderr(logging.INFO, "%(message)s")
-    if args.output_dir.is_dir() and not any((args.output_dir / name).exists() for name in
-                                            ("metrics.jsonl", "predictions/validation.conll")):
-        raise UserError(f"{args.output_dir}: no metrics.jsonl or predictions/validation.conll "
-                        "(expected the --output-dir of a training run)")
+    predictions = f"{PREDICTIONS_DIR}/{VALIDATION_PREDICTIONS}"
+    if args.output_dir.is_dir() and not any((args.output_dir / name).exists() for name in (METRICS_FILE, predictions)):
+        raise UserError(f"{args.output_dir}: no {METRICS_FILE} or {predictions} (expected the --output-dir of a "
+                        "training run)")
     for path in write_plots(args.output_dir):
         print(path)
     return 0

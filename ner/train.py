@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from ner.backends import Backend, launch
-from ner.backends.trackers import record_tracker_files
+from ner.backends.trackers import TrackerClaim
 from ner.errors import cli
 from ner.process import exit_now, process_rank_from_env
 from ner.training.config import parse_config
@@ -28,22 +28,25 @@ from ner.training.run import run
 
 
 class Worker:
-    """Picklable `run(cfg, backend)` for self-spawned raw-DDP processes."""
+    """Picklable `run(cfg, backend, trackers)` for self-spawned raw-DDP processes; holds the run's claim on trackers/
+    in this process (a spawned worker takes its own copy)."""
 
     def __init__(self, cfg) -> None:
         self.cfg = cfg
+        self.trackers = TrackerClaim()
 
     def __call__(self, backend: Backend) -> None:
-        run(self.cfg, backend)
+        run(self.cfg, backend, self.trackers)
 
 
 @cli
 def main(argv: list[str] | None = None) -> int:
     cfg, args = parse_config(sys.argv[1:] if argv is None else argv)
+    worker = Worker(cfg)
     try:
-        launch(cfg, Worker(cfg), getattr(args, "local_rank", None))
+        launch(cfg, worker, getattr(args, "local_rank", None))
     finally:  # after the backend ended, since trackers write their last files as they close
-        record_tracker_files(cfg.output_path, release=True)
+        worker.trackers.release()
     if args.plots and process_rank_from_env() == 0:
         draw_plots(cfg.output_path)
     return 0

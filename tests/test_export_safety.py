@@ -21,7 +21,7 @@ from ner.errors import UserError
 from ner.export import main as export_main
 from ner.training import checkpoint as ckpt
 from ner.training.export import EXPORT_TOOL, export_checkpoint
-from ner.training.run import claim_output_dir
+from ner.training.output_dir import claim_output_dir
 
 
 def list_as_export(folder):
@@ -264,19 +264,24 @@ def test_the_runs_own_export_reads_the_hashes_of_the_checkpoint_it_sealed(checkp
 
 # ----------------------------------------------------------------------------- --overwrite-output-dir
 
-def claim(out, overwrite=True, resume=None, resume_from=None):
+def claim(out, overwrite=True, resume=None, resume_from=None, run_trackers=None):
+    """claim_output_dir on one process; returns the run's claim on trackers/ (`run_trackers`, else a new one)."""
     cfg = SimpleNamespace(output_path=out, resume=resume, overwrite_output_dir=overwrite)
-    claim_output_dir(cfg, SimpleNamespace(is_main_process=True, wait_for_everyone=lambda: None), resume_from)
+    run_trackers = run_trackers or trackers.TrackerClaim()
+    claim_output_dir(cfg, SimpleNamespace(is_main_process=True, wait_for_everyone=lambda: None), run_trackers,
+                     resume_from)
+    return run_trackers
 
 
 def trackers_of_a_run(out):
     """What tensorboard and mlflow leave in trackers/, recorded the way a run records it."""
-    trackers.claim_tracker_files(out, claimed=True)
+    run = trackers.TrackerClaim()
+    run.take(out)
     (out / "trackers" / "ner" / "1700000000.5").mkdir(parents=True)
     (out / "trackers" / "ner" / "events.out.tfevents.1700000000.host.1.0").write_bytes(b"events")
     (out / "trackers" / "ner" / "1700000000.5" / "hparams.yml").write_text("seed: 7\n")
     (out / "trackers" / "mlflow.db").write_bytes(b"sqlite")
-    trackers.record_tracker_files(out, release=True)
+    run.release()
 
 
 def a_finished_run(out, export, checkpoint):
@@ -365,14 +370,15 @@ def test_the_tracker_record_never_lists_what_was_there_before_the_run_or_a_refus
     out = tmp_path / "run"
     trackers_of_a_run(out)
     (out / "trackers" / "mine.txt").write_text("mine")  # added between two runs
-    claim(out, overwrite=False, resume="auto", resume_from=checkpoint)  # resuming: nothing is removed
+    resumed = claim(out, overwrite=False, resume="auto", resume_from=checkpoint)  # resuming: nothing is removed
     (out / "trackers" / "ner" / "events.out.tfevents.1700000100.host.2.0").write_bytes(b"resumed")
-    trackers.record_tracker_files(out)  # at a checkpoint
+    resumed.record()  # at a checkpoint
     assert trackers.unrecorded_tracker_files(out) == [out / "trackers" / "mine.txt"]
     (out / "trackers" / "later.txt").write_text("mine too")
+    refused = trackers.TrackerClaim()
     with pytest.raises(UserError, match="mine.txt"):
-        claim(out)  # refused: from now on this process holds no run in `out`, so nothing joins the record
-    trackers.record_tracker_files(out, release=True)
+        claim(out, run_trackers=refused)  # refused: the run holds no claim on `out`, so nothing joins the record
+    refused.release()
     assert trackers.unrecorded_tracker_files(out) == [out / "trackers" / "later.txt", out / "trackers" / "mine.txt"]
 
 
@@ -405,13 +411,27 @@ def test_the_record_is_written_after_the_trackers_close(tmp_path, monkeypatch):
     out = tmp_path / "run"
 
     def launch(cfg, worker, local_rank=None):
-        claim(out, overwrite=False)
+        claim(out, overwrite=False, run_trackers=worker.trackers)
         (out / "trackers" / "wandb").mkdir(parents=True)
         (out / "trackers" / "wandb" / "wandb-summary.json").write_text("{}")  # as the backend ends
 
     monkeypatch.setattr(train_cli, "launch", launch)
     assert train_cli.main(["--output-dir", str(out)]) == 0
     assert trackers.recorded_tracker_paths(out) == {"wandb", "wandb/wandb-summary.json"}
+
+
+def test_a_run_killed_after_a_checkpoint_leaves_its_trackers_files_recorded(tiny_bert, tiny_data, tmp_path):
+    """Each checkpoint brings the record up to date through the run's claim on trackers/: a run killed after one
+    leaves no tracker file unlisted, so --overwrite-output-dir can replace it."""
+    pytest.importorskip("tensorboard")
+    out = tmp_path / "run"
+    args = tiny_args(tiny_bert, tiny_data, out, "--report-to", "tensorboard", "--logging-steps", "1", "--save-steps",
+                     "2", "--max-steps", "4")
+    killed = run_cli(python_module("ner.train", *args), env={"NER_FAULT_INJECT": "kill:2"})
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    assert "ner" in trackers.recorded_tracker_paths(out) and trackers.unrecorded_tracker_files(out) == []
+    claim(out)
+    assert list(out.iterdir()) == []
 
 
 def test_resume_auto_with_no_checkpoint_starts_beside_your_files_but_not_over_a_killed_first_save(tmp_path):
@@ -479,7 +499,8 @@ def test_a_save_removes_a_killed_saves_staging_folders(random_model, tmp_path):
     backend = SimpleNamespace(is_main_process=True, process_index=0, grad_scaler=None, wait_for_everyone=lambda: None,
                               gather_object=lambda obj: [obj], unwrap_model=lambda m: m)
     folder = ckpt.save_checkpoint(backend, tmp_path, 4, model, AutoTokenizer.from_pretrained(random_model), optimizer,
-                                  torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0), {"global_step": 4})
+                                  torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0), {"global_step": 4},
+                                  trackers.TrackerClaim())
     assert folder == root / "step_4" and ckpt.verify(folder) is None
     assert sorted(p.name for p in root.iterdir()) == sorted(kept + ["step_4"])
 

@@ -18,8 +18,10 @@ from conftest import python_module, read_state, run_cli, tiny_args
 from safetensors.torch import load_file
 
 from ner.backends import ACCELERATE, RAW_DDP
+from ner.backends.trackers import TrackerClaim
 from ner.errors import UserError
 from ner.training import checkpoint as ckpt
+from ner.training import output_dir as output_dir_module
 from ner.training import run as run_module
 from ner.training.config import MAY_CHANGE, MUST_MATCH, AddedLater, TrainConfig, resume_rule
 
@@ -292,7 +294,7 @@ def a_previous_run(out: Path) -> None:
 def overwrite_on_two_ranks(out: Path, monkeypatch, slow_rank_1: bool = True) -> tuple[TwoRanks, list[object]]:
     """claim_output_dir(--overwrite-output-dir) on two ranks. `slow_rank_1`: if rank 1 inspects the old run at all,
     it does so only after rank 0 has removed some of it (an order a slow rank can meet)."""
-    ranks, real_inspect, real_rmtree = TwoRanks(), run_module.not_written_by_a_run, shutil.rmtree
+    ranks, real_inspect, real_rmtree = TwoRanks(), output_dir_module.not_written_by_a_run, shutil.rmtree
 
     def inspect(*args, **kwargs):
         ranks.inspected_by.append(RANK.index)
@@ -305,10 +307,10 @@ def overwrite_on_two_ranks(out: Path, monkeypatch, slow_rank_1: bool = True) -> 
         real_rmtree(path, *args, **kwargs)
         ranks.removed.set()
 
-    monkeypatch.setattr(run_module, "not_written_by_a_run", inspect)
-    monkeypatch.setattr(run_module.shutil, "rmtree", rmtree)
+    monkeypatch.setattr(output_dir_module, "not_written_by_a_run", inspect)
+    monkeypatch.setattr(output_dir_module.shutil, "rmtree", rmtree)
     cfg = SimpleNamespace(output_path=out, resume=None, overwrite_output_dir=True)
-    return ranks, ranks.run(lambda backend: run_module.claim_output_dir(cfg, backend))
+    return ranks, ranks.run(lambda backend: output_dir_module.claim_output_dir(cfg, backend, TrackerClaim()))
 
 
 def test_overwrite_output_dir_on_two_ranks_lets_only_rank_0_inspect_and_remove(tmp_path, monkeypatch):

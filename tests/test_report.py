@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 from seqeval.metrics import classification_report
 
 from ner.backends import NO_MIXED_PRECISION
+from ner.backends.trackers import TrackerClaim
 from ner.data.conll import read_conll, read_predictions, write_predictions
 from ner.data.tags import build_label_list
 from ner.evaluate import main as evaluate_main
@@ -19,6 +21,7 @@ from ner.inference.analysis import NO_ENTITY, confusion_counts
 from ner.metrics import entity_scores
 from ner.plot import main as plot_main
 from ner.training.model_card import model_card
+from ner.training.output_dir import claim_output_dir
 from ner.training.plots import write_plots
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -86,6 +89,19 @@ def test_run_without_evaluation_skips_eval_plots(tmp_path, caplog):
         written = write_plots(tmp_path)
     assert [p.name for p in written] == ["loss_lr.png"]
     assert "validation_f1.png" in caplog.text and "confusion.png" in caplog.text
+
+
+def test_overwrite_output_dir_removes_every_plot_a_run_draws(tmp_path):
+    """A plot under a name the output folder's owner does not know as a run's would stay behind, taken for a file of
+    yours, when --overwrite-output-dir replaces the run."""
+    out = tmp_path / "run"
+    out.mkdir()
+    written = write_plots(write_run(out))
+    assert len(written) == 4  # every plot: the run logged losses and evaluations, and wrote predictions
+    backend = SimpleNamespace(is_main_process=True, wait_for_everyone=lambda: None)
+    cfg = SimpleNamespace(output_path=out, resume=None, overwrite_output_dir=True)
+    claim_output_dir(cfg, backend, TrackerClaim())
+    assert sorted(p.name for p in out.iterdir()) == []
 
 
 def test_plot_cli_rejects_a_folder_that_is_not_a_run(tmp_path, capsys):

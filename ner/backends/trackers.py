@@ -2,12 +2,13 @@
 what they wrote.
 
 OUTPUT_DIR/trackers/.ner-record.json (ner/files.py) lists every path the trackers wrote in trackers/: brought up to
-date at each checkpoint and when the run ends (trackers write their last files as they close), by the process
-whose run claimed the folder, and never listing what was there, unlisted, when that run began.
+date at each checkpoint and when the run ends (trackers write their last files as they close), through the run's
+TrackerClaim, and never listing what was there, unlisted, when that run began.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from ner.errors import UserError
@@ -31,34 +32,39 @@ def report_trackers(report_to: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-# Output folders whose run this process holds -> the paths in their trackers/ that were not the run's when it began
-_tracker_runs: dict[Path, frozenset[str]] = {}
-
-
 def recorded_tracker_paths(output_dir: Path) -> set[str] | None:
     entries = read_record(Path(output_dir) / TRACKERS_DIR, TRACKERS_TOOL)
     return None if entries is None else set(entries)
 
 
-def claim_tracker_files(output_dir: Path, claimed: bool) -> None:
-    """A run starts in `output_dir` (claimed) or was refused it: from now on, and only if claimed, this process
-    adds what the trackers write to the record; what trackers/ holds unlisted now never joins it."""
-    key = Path(output_dir).resolve()
-    _tracker_runs.pop(key, None)
-    if claimed:
+@dataclass
+class TrackerClaim:
+    """One run's claim on OUTPUT_DIR/trackers/, held by what runs it (ner.train's Worker) and handed to what records
+    the trackers' files: each checkpoint, and the end of the run once the trackers closed. Taken (`take`) on the main
+    process once the run holds the output folder; never taken (a refused run, the other ranks, a launcher whose
+    workers run in other processes), it records nothing."""
+
+    output_dir: Path | None = None  # the run's --output-dir once taken; None: not taken (or released)
+    not_ours: frozenset[str] = frozenset()  # what trackers/ held, unlisted, when the run took it
+
+    def take(self, output_dir: Path) -> None:
+        """From now on the record lists what the trackers write; what trackers/ holds unlisted now never joins it."""
         folder = Path(output_dir) / TRACKERS_DIR
         present = tree_paths(folder) if folder.is_dir() else set()
-        _tracker_runs[key] = frozenset(present - (recorded_tracker_paths(output_dir) or set()) - {RECORD})
+        self.not_ours = frozenset(present - (recorded_tracker_paths(output_dir) or set()) - {RECORD})
+        self.output_dir = Path(output_dir)
 
+    def record(self) -> None:
+        """Write trackers/.ner-record.json, if the run took its claim."""
+        folder = self.output_dir / TRACKERS_DIR if self.output_dir is not None else None
+        if folder is None or not folder.is_dir():
+            return
+        write_record(folder, TRACKERS_TOOL, {path: {} for path in tree_paths(folder) - self.not_ours - {RECORD}})
 
-def record_tracker_files(output_dir: Path, release: bool = False) -> None:
-    """Write trackers/.ner-record.json if this process's run holds `output_dir` (`release`: the run is over)."""
-    key = Path(output_dir).resolve()
-    not_ours = _tracker_runs.pop(key, None) if release else _tracker_runs.get(key)
-    folder = Path(output_dir) / TRACKERS_DIR
-    if not_ours is None or not folder.is_dir():
-        return
-    write_record(folder, TRACKERS_TOOL, {path: {} for path in tree_paths(folder) - not_ours - {RECORD}})
+    def release(self) -> None:
+        """The run is over and its trackers closed: record their last files, then nothing more."""
+        self.record()
+        self.output_dir = None
 
 
 def unrecorded_tracker_files(output_dir: Path) -> list[Path]:

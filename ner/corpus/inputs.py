@@ -8,10 +8,11 @@ import glob
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from ner.data.span_files import text_of
 from ner.errors import UserError
+from ner.files import tree_paths
 
 READ_BLOCK_BYTES = 1 << 20
 Unit = tuple[str, str, object]  # (kind, where, payload): a text as read, parsed only where it is tagged
@@ -57,12 +58,12 @@ def _inside(path: Path, out_dir: Path) -> bool:
 
 def _folder_files(folder: Path, out_dir: Path) -> list[Path]:
     """A folder's files, sorted by path, hidden ones and the output folder's left out."""
-    found = []
-    for path in sorted(folder.rglob("*")):
-        relative = path.relative_to(folder).parts
-        if path.is_file() and not any(part.startswith(".") for part in relative) and not _inside(path, out_dir):
-            found.append(path)
-    return found
+    def hidden(relative: str) -> bool:
+        return PurePosixPath(relative).name.startswith(".")
+
+    paths = (folder / relative for relative in tree_paths(folder, into=lambda relative: not hidden(relative))
+             if not hidden(relative))
+    return sorted(path for path in paths if path.is_file() and not _inside(path, out_dir))
 
 
 def expand_inputs(inputs: list[str], jsonl: bool, out_dir: Path) -> list[Source]:

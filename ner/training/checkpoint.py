@@ -32,7 +32,7 @@ import torch
 from safetensors.torch import load_file
 
 from ner.backends import Backend
-from ner.backends.trackers import record_tracker_files
+from ner.backends.trackers import TrackerClaim
 from ner.errors import UserError
 from ner.files import (
     file_entry,
@@ -42,6 +42,7 @@ from ner.files import (
     replace_folder,
     sha256_file,
     temporary_of,
+    tree_paths,
     unrecorded,
     write_record,
 )
@@ -94,8 +95,9 @@ def set_rng_state(state: dict) -> None:
 
 
 def save_checkpoint(backend: Backend, output_dir: Path, step: int, model, tokenizer, optimizer, scheduler,
-                    trainer_state: dict) -> Path:
-    """Collective: every rank calls it. Returns the final folder."""
+                    trainer_state: dict, trackers: TrackerClaim) -> Path:
+    """Collective: every rank calls it. Returns the final folder. `trackers`: the run's claim, whose record the
+    checkpoint brings up to date."""
     root = checkpoint_root(output_dir)
     final, tmp = root / f"step_{step}", None
     if backend.is_main_process:
@@ -117,7 +119,7 @@ def save_checkpoint(backend: Backend, output_dir: Path, step: int, model, tokeni
     backend.wait_for_everyone()
     if backend.is_main_process:
         _seal(tmp, final, step)
-        record_tracker_files(output_dir)
+        trackers.record()
     backend.wait_for_everyone()
     return final
 
@@ -134,9 +136,9 @@ def save_state(state: dict, path: Path) -> None:
 
 
 def _seal(tmp: Path, final: Path, step: int) -> None:
-    files = sorted(p for p in tmp.rglob("*") if p.is_file())
+    names = sorted(name for name in tree_paths(tmp) if (tmp / name).is_file())
     with ThreadPoolExecutor(SEAL_THREADS) as pool:  # fsync and hashlib release the GIL: files overlap
-        entries = dict(zip((p.relative_to(tmp).as_posix() for p in files), pool.map(durable_entry, files)))
+        entries = dict(zip(names, pool.map(durable_entry, (tmp / name for name in names))))
     write_record(tmp, CHECKPOINT_TOOL, entries, MANIFEST, fsync=True, step=step)
     replace_folder(tmp, final)  # over an older incomplete or superseded copy of the same step, if any
 

@@ -34,6 +34,7 @@ from ner.inference.options import (
     check_max_seq_length,
     parse_min_score,
 )
+from ner.training.run_files import PLOTS
 
 log = logging.getLogger("ner")
 
@@ -334,7 +335,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", metavar="FILE.yaml", help="hyperparameters in YAML; flags override it",
                         default=None)
     parser.add_argument("--plots", action="store_true", default=False,
-                        help="draw loss_lr.png, validation_f1.png, per_type_f1.png and confusion.png into --output-dir "
+                        help=f"draw {', '.join(PLOTS[:-1])} and {PLOTS[-1]} into --output-dir "
                         "once the run has ended (about 1 s on 2 cores; `python -m ner.plot OUTPUT_DIR` draws them for "
                         "any run, live or finished)")
     for f in dataclasses.fields(TrainConfig):

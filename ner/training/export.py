@@ -12,8 +12,7 @@ from pathlib import Path
 
 from ner.data.examples import Example
 from ner.errors import UserError
-from ner.files import RECORD, file_entry, read_record, staged_folder, write_record
-from ner.files import unrecorded as unrecorded_files
+from ner.files import RECORD, file_entry, read_record, staged_folder, unrecorded, write_record
 from ner.inference.options import FAST_RUNTIMES_FLAG, ONNX, ONNX_INT8, OPENVINO_INT8, RUNTIME_FILES, RUNTIMES
 from ner.metrics import best_evaluation
 from ner.training.checkpoint import CHECKPOINT_TOOL, MANIFEST, read_state, verify
@@ -99,7 +98,7 @@ def files_of_export(folder: Path, in_place: bool) -> tuple[list[Path], set[str]]
              and p.name not in RUNTIME_ONLY and not p.name.endswith(".onnx") and (listed is None or p.name in listed)]
     if listed is None and not in_place:
         return files, set()
-    return files, {p.name for p, _ in unrecorded(folder, {p.name for p in files})}
+    return files, {p.name for p, _ in unrecorded(folder, listed, {p.name for p in files})}
 
 
 def checkpoint_export_names(checkpoint: Path | None) -> set[str]:
@@ -142,7 +141,7 @@ def keep_what_is_not_ours(old: Path, staged: Path, overwrite: bool, unvouched: s
     write_record(staged, EXPORT_TOOL, new_files)
     if not old.is_dir():
         return
-    not_ours = dict(unrecorded(old))
+    not_ours = dict(unrecorded(old, read_record(old, EXPORT_TOOL)))
     for entry in sorted(old.iterdir()):
         new = staged / entry.name
         if new.exists() or new.is_symlink():
@@ -152,21 +151,19 @@ def keep_what_is_not_ours(old: Path, staged: Path, overwrite: bool, unvouched: s
             link_tree(entry, new)
 
 
-def unrecorded(folder: Path, names: set[str] | None = None) -> list[tuple[Path, str]]:
-    """The entries of export `folder` (those named in `names`, or all) that its record does not show an export wrote
-    as they are now, each with why: not in the record, or edited since."""
-    return [(path, "edited since it was exported" if edited else f"not written by an export (not in its {RECORD})")
-            for path, edited in unrecorded_files(folder, read_record(folder, EXPORT_TOOL), names)]
+def not_the_exports(edited: bool) -> str:
+    """Why an entry of an export that files.unrecorded names is not the export's own, in words."""
+    return "edited since it was exported" if edited else f"not written by an export (not in its {RECORD})"
 
 
-def replace_unrecorded(path: Path, why: str, overwrite: bool) -> None:
+def replace_unrecorded(path: Path, edited: bool, overwrite: bool) -> None:
     if not overwrite:
-        raise UserError(refusal(path, why))
-    log.warning("%s: %s; replaced by the new export (--overwrite)", path, why)
+        raise UserError(refusal(path, edited))
+    log.warning("%s: %s; replaced by the new export (--overwrite)", path, not_the_exports(edited))
 
 
-def refusal(path: Path, why: str) -> str:
-    return f"{path}: {why}; nothing was changed: move it away, or pass --overwrite to replace it"
+def refusal(path: Path, edited: bool) -> str:
+    return f"{path}: {not_the_exports(edited)}; nothing was changed: move it away, or pass --overwrite to replace it"
 
 
 def same_contents(a: Path, b: Path) -> bool:
@@ -215,7 +212,7 @@ def check_out_dir(out_dir: Path, overwrite: bool, update: bool = False, names: s
     if not (overwrite or update):
         raise UserError(f"{out_dir}: already holds an exported model; pass --overwrite to replace it, "
                         "or choose another OUT")
-    unsure = [] if overwrite else unrecorded(out_dir, names)
+    unsure = [] if overwrite else unrecorded(out_dir, read_record(out_dir, EXPORT_TOOL), names)
     if unsure:
         raise UserError(refusal(*unsure[0]))
 

@@ -19,11 +19,13 @@ import torch
 from tqdm.auto import tqdm
 
 from ner.backends import Backend
+from ner.backends.trackers import TrackerClaim
 from ner.metrics import best_evaluation, entity_scores, format_scores
 from ner.testing import inject_fault
 from ner.training import checkpoint as ckpt
 from ner.training.evaluation import predict_tags
 from ner.training.loop import TrainState, UnreadUpdates, UpdateRecord
+from ner.training.run_files import METRICS_FILE
 
 log = logging.getLogger("ner")
 
@@ -95,13 +97,14 @@ class TokenCounter:
 
 
 class RunHooks:
-    def __init__(self, cfg, backend: Backend, model, optimizer, scheduler, data, state: TrainState, total_steps: int):
-        self.cfg, self.backend, self.data = cfg, backend, data
+    def __init__(self, cfg, backend: Backend, model, optimizer, scheduler, data, state: TrainState, total_steps: int,
+                 trackers: TrackerClaim):
+        self.cfg, self.backend, self.data, self.trackers = cfg, backend, data, trackers
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.is_main = backend.is_main_process
         self.bar = tqdm(total=total_steps, initial=state.global_step, desc="train", unit="step", dynamic_ncols=True,
                         disable=not self.is_main or cfg.quiet)
-        self.metrics_path = Path(cfg.output_dir) / "metrics.jsonl"
+        self.metrics_path = Path(cfg.output_dir) / METRICS_FILE
         self.tokens = TokenCounter()
         self.logged_losses = len(state.step_losses)  # step_losses before this index are in an earlier record
         self.grad_norms: list[float] = []  # since the last record
@@ -203,7 +206,7 @@ class RunHooks:
             return self.last_saved[1]
         payload = trainer_state(self.cfg, state, self.data, self.backend.num_processes)
         folder = ckpt.save_checkpoint(self.backend, Path(self.cfg.output_dir), state.global_step, self.model,
-                                      self.data.tokenizer, self.optimizer, self.scheduler, payload)
+                                      self.data.tokenizer, self.optimizer, self.scheduler, payload, self.trackers)
         if self.is_main:
             ckpt.rotate(Path(self.cfg.output_dir), self.cfg.save_total_limit, state.best_step)
         self.backend.wait_for_everyone()

@@ -1,4 +1,5 @@
-"""Plots of a training run, written as PNG files into its output folder (an evaluation's: analysis_plots.py)."""
+"""Plots of a training run, written as PNG files into its output folder under the names training/run_files.py
+declares (an evaluation's: analysis_plots.py)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,15 @@ from ner.errors import UserError
 from ner.inference.analysis import confusion_counts
 from ner.inference.analysis_plots import FIGSIZE, finish_percent_plot, plot_confusion, save_figure
 from ner.metrics import best_evaluation
+from ner.training.run_files import (
+    CONFUSION_PLOT,
+    LOSS_LR_PLOT,
+    METRICS_FILE,
+    PER_TYPE_PLOT,
+    PREDICTIONS_DIR,
+    VALIDATION_F1_PLOT,
+    VALIDATION_PREDICTIONS,
+)
 
 log = logging.getLogger("ner")
 
@@ -143,25 +153,25 @@ def write_plots(output_dir: Path) -> list[Path]:
     if not output_dir.is_dir():
         raise UserError(f"{output_dir}: not a folder (expected the --output-dir of a training run)")
     written: list[Path] = []
-    metrics_path = output_dir / "metrics.jsonl"
+    metrics_path = output_dir / METRICS_FILE
     run = read_metrics(metrics_path) if metrics_path.is_file() else RunMetrics([], [], {})
     logs, evals = run.logs, run.evals
     if logs:
-        written.append(plot_loss_lr(logs, run.epoch_ends, output_dir / "loss_lr.png"))
+        written.append(plot_loss_lr(logs, run.epoch_ends, output_dir / LOSS_LR_PLOT))
     else:
-        log.info("plot: no logged training steps in %s yet: loss_lr.png skipped", metrics_path)
+        log.info("plot: no logged training steps in %s yet: %s skipped", metrics_path, LOSS_LR_PLOT)
     if evals:
-        written.append(plot_validation_f1(evals, output_dir / "validation_f1.png"))
-        written.append(plot_per_type(best_evaluation(evals, "eval"), output_dir / "per_type_f1.png"))
+        written.append(plot_validation_f1(evals, output_dir / VALIDATION_F1_PLOT))
+        written.append(plot_per_type(best_evaluation(evals, "eval"), output_dir / PER_TYPE_PLOT))
     else:
-        log.info("plot: no validation in %s: validation_f1.png and per_type_f1.png skipped", metrics_path)
-    predictions = output_dir / "predictions" / "validation.conll"
+        log.info("plot: no validation in %s: %s and %s skipped", metrics_path, VALIDATION_F1_PLOT, PER_TYPE_PLOT)
+    predictions = output_dir / PREDICTIONS_DIR / VALIDATION_PREDICTIONS
     if predictions.is_file():
         counts = confusion_counts(*read_predictions(predictions))
         if len(counts) > 1:
-            written.append(plot_confusion(counts, output_dir / "confusion.png"))
+            written.append(plot_confusion(counts, output_dir / CONFUSION_PLOT))
         else:
-            log.info("plot: no entities in %s: confusion.png skipped", predictions)
+            log.info("plot: no entities in %s: %s skipped", predictions, CONFUSION_PLOT)
     else:
-        log.info("plot: no %s (written at the end of training): confusion.png skipped", predictions)
+        log.info("plot: no %s (written at the end of training): %s skipped", predictions, CONFUSION_PLOT)
     return written

@@ -10,7 +10,6 @@ import logging
 import os
 import random
 import shlex
-import shutil
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -20,7 +19,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from ner.backends import ACCELERATE, Backend
-from ner.backends.trackers import TRACKERS_DIR, claim_tracker_files, unrecorded_tracker_files
+from ner.backends.trackers import TrackerClaim
 from ner.data.batching import TokenBudgetBatchSampler
 from ner.data.conll import write_predictions
 from ner.data.encode import cached_encode, collate_tensors, collate_to_bucket, drop_casing, padded_lengths
@@ -28,7 +27,6 @@ from ner.data.examples import Columns, has_documents
 from ner.data.formats import Splits, load_splits
 from ner.data.tags import build_label_list, check_known_labels
 from ner.errors import UserError
-from ner.files import temporary_of
 from ner.inference.analysis import entity_errors, format_errors
 from ner.inference.decode import Decoder
 from ner.metrics import entity_scores, format_scores
@@ -37,13 +35,7 @@ from ner.training import checkpoint as ckpt
 from ner.training.auto import resolve_auto, resolve_casing, resolve_context
 from ner.training.config import TrainConfig, tokenization_cache_dir, with_sample_data
 from ner.training.evaluation import EvalSet, build_eval_set, predict_tags
-from ner.training.export import (
-    checkpoint_export_names,
-    export_checkpoint,
-    export_fast_runtimes,
-    is_export,
-    unrecorded,
-)
+from ner.training.export import export_checkpoint, export_fast_runtimes
 from ner.training.hooks import RunHooks
 from ner.training.loop import TrainState, fit, loss_and_logits, updates_in_epoch
 from ner.training.model import (
@@ -56,16 +48,10 @@ from ner.training.model import (
     lowercases,
     takes_token_types,
 )
+from ner.training.output_dir import claim_output_dir
+from ner.training.run_files import FINAL_DIR, PREDICTIONS_DIR, VALIDATION_PREDICTIONS
 
 log = logging.getLogger("ner")
-
-# What a finished or running job leaves; --overwrite-output-dir removes these and nothing else.
-RUN_MARKERS = ("checkpoints", "final", "metrics.jsonl", "predictions", "loss_lr.png", "validation_f1.png",
-               "per_type_f1.png", "confusion.png", TRACKERS_DIR)
-RUN_FILES = {"metrics.jsonl", "loss_lr.png", "validation_f1.png", "per_type_f1.png", "confusion.png"}
-# The file a run writes in predictions/ (its temporary names are ner/files.py's); the names it gives inside
-# checkpoints/ are checkpoint.py's. What a checkpoint, final/ and trackers/ hold is checked against their records.
-VALIDATION_PREDICTIONS = "validation.conll"
 
 
 def setup_logging(is_main: bool) -> None:
@@ -139,122 +125,6 @@ def batch_eval_sets(cfg: TrainConfig, data: Prepared) -> dict[str, EvalSet]:
             for name, features in data.eval_features.items()}
 
 
-def claim_output_dir(cfg: TrainConfig, backend: Backend, resume_from: Path | None = None) -> None:
-    """Refuse to mix two runs in one folder unless told to overwrite or resume (a run starts afresh, `--resume auto`
-    that found no complete checkpoint included, only where no run wrote); refuse, before anything is removed, to
-    remove or replace anything no record shows a run wrote."""
-    out = cfg.output_path
-    claim_tracker_files(out, claimed=False)
-    if out.exists() and not out.is_dir():
-        raise UserError(f"{out}: --output-dir exists and is not a folder")
-    taken = run_markers(out)
-    if resume_from is None and cfg.overwrite_output_dir:
-        replace_previous_run(out, backend)
-    elif taken and cfg.resume is None:
-        raise UserError(f"{out}: holds another run ({', '.join(taken)}); pass --resume auto to continue it, "
-                        "--overwrite-output-dir to replace it, or choose another --output-dir")
-    elif taken and resume_from is None:
-        raise UserError(f"{out}: --resume auto found no complete checkpoint, and the folder holds a run "
-                        f"({', '.join(taken)}); pass --overwrite-output-dir to start afresh there, or choose another "
-                        "--output-dir")
-    elif "final" in taken:
-        check_final_for_resume(out / "final", resume_from)  # on every rank: a resume removes nothing
-    backend.wait_for_everyone()  # no rank looks at the folder any more when rank 0 starts writing there
-    if backend.is_main_process:
-        out.mkdir(parents=True, exist_ok=True)
-        claim_tracker_files(out, claimed=True)
-
-
-def run_markers(out: Path) -> list[str]:
-    return [m for m in RUN_MARKERS if (out / m).exists() or (out / m).is_symlink()]
-
-
-def replace_previous_run(out: Path, backend: Backend) -> None:
-    """--overwrite-output-dir: rank 0 alone inspects the old run and removes it (another rank walking final/ while
-    it goes would meet files gone, or take them for a user's). A refusal removes nothing, so after the barrier the
-    other ranks see the run still there and stop too, rather than wait for rank 0 at the next one."""
-    refusal = None
-    if backend.is_main_process:
-        taken = run_markers(out)
-        try:
-            refuse_foreign(out, not_written_by_a_run(out, taken))
-        except UserError as exc:
-            refusal = exc
-        else:
-            for marker in taken:
-                path = out / marker
-                shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
-    backend.wait_for_everyone()
-    if refusal is not None:
-        raise refusal
-    left = run_markers(out)
-    if left:
-        raise UserError(f"{out}: process 0 did not replace the run there ({', '.join(left)} left; its error says "
-                        "why)")
-
-
-def check_final_for_resume(final: Path, resume_from: Path | None) -> None:
-    """A resumed run exports into final/ at its end: it must be an export, and what the new export would replace
-    there must be the old export's own (not a README.md of yours, nor a model card you edited)."""
-    if final.is_symlink() or not final.is_dir() or (any(final.iterdir()) and not is_export(final)):
-        refuse_foreign(final.parent, [final])
-    unsure = unrecorded(final, checkpoint_export_names(resume_from))
-    if unsure:
-        path, why = unsure[0]
-        raise UserError(f"{path}: {why}; the resumed run's export would replace it: move it away (nothing was "
-                        "changed)")
-
-
-def not_written_by_a_run(out: Path, markers: list[str]) -> list[Path]:
-    """What a run would not have written among `markers` in `out`, at any depth, or what changed since (a model
-    card edited in final/): a user's file that happens to share a name or a folder."""
-    foreign = []
-    for marker in markers:
-        path = out / marker
-        if path.is_symlink() or (path.is_dir() == (marker in RUN_FILES)):
-            foreign.append(path)
-        elif marker == "final":
-            foreign += foreign_in_final(path)
-        elif marker == "checkpoints":
-            foreign += foreign_in_checkpoints(path)
-        elif marker == "predictions":
-            foreign += [p for p in sorted(path.iterdir()) if not (is_prediction_name(p.name) and p.is_file())]
-        elif marker == TRACKERS_DIR:
-            foreign += unrecorded_tracker_files(out)
-    return foreign
-
-
-def is_prediction_name(name: str) -> bool:
-    """predictions/validation.conll, or a temporary file ner/files.py wrote it through (a run killed meanwhile)."""
-    return name == VALIDATION_PREDICTIONS or temporary_of(name, roles=("tmp",)) == VALIDATION_PREDICTIONS
-
-
-def foreign_in_final(final: Path) -> list[Path]:
-    """final/ itself when it is not an export; else its entries that no record shows its export wrote as they are."""
-    if not any(final.iterdir()):
-        return []
-    if not is_export(final):
-        return [final]
-    return [p for p, _ in unrecorded(final)]
-
-
-def foreign_in_checkpoints(root: Path) -> list[Path]:
-    foreign = []
-    for entry in sorted(root.iterdir()):
-        if ckpt.CHECKPOINT_NAME.fullmatch(entry.name) and entry.is_dir() and not entry.is_symlink():
-            foreign += ckpt.not_in_manifest(entry)
-        elif not (ckpt.is_staging_name(entry.name) and entry.is_dir()):
-            foreign.append(entry)
-    return foreign
-
-
-def refuse_foreign(out: Path, foreign: list[Path]) -> None:
-    if foreign:
-        named = ", ".join(str(p) for p in foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
-        raise UserError(f"{out}: holds files a training run did not write or that changed since ({named}); nothing "
-                        "was removed: move them away or choose another --output-dir")
-
-
 def updates_per_epoch(sampler: TokenBudgetBatchSampler, epoch: int, cfg: TrainConfig, world_size: int) -> int:
     return updates_in_epoch(len(sampler.plan(epoch)) // world_size, cfg.gradient_accumulation_steps)
 
@@ -282,8 +152,9 @@ def plan_epochs(sampler: TokenBudgetBatchSampler, cfg: TrainConfig, world_size: 
     return sum(updates_per_epoch(sampler, e, cfg, world_size) for e in range(cfg.num_epochs)), cfg.num_epochs
 
 
-def run(cfg: TrainConfig, backend: Backend) -> dict:
-    """Train, evaluate, export; returns the final metrics (on every rank)."""
+def run(cfg: TrainConfig, backend: Backend, trackers: TrackerClaim) -> dict:
+    """Train, evaluate, export; returns the final metrics (on every rank). `trackers`: the run's claim on trackers/,
+    which its caller releases once the backend ended."""
     setup_logging(backend.is_main_process)
     cfg = with_sample_data(cfg)
     set_threads(int(os.environ.get("LOCAL_WORLD_SIZE", backend.num_processes)))
@@ -325,11 +196,11 @@ def run(cfg: TrainConfig, backend: Backend) -> dict:
         state = TrainState(**ckpt.load_checkpoint(backend, resume_from, model, optimizer, scheduler)["train_state"])
         log.info("resumed from %s (step %d, epoch %d, batch %d)", resume_from, state.global_step, state.epoch,
                  state.batches_done)
-    claim_output_dir(cfg, backend, resume_from)
+    claim_output_dir(cfg, backend, trackers, resume_from)
     if cfg.report_to != "none" and cfg.backend != ACCELERATE:
         log.warning("--report-to %s works through Accelerate's trackers; with --%s only metrics.jsonl is written",
                     cfg.report_to, cfg.backend)
-    hooks = RunHooks(cfg, backend, model, optimizer, scheduler, data, state, total_steps)
+    hooks = RunHooks(cfg, backend, model, optimizer, scheduler, data, state, total_steps, trackers)
     fit(model, optimizer, scheduler, loader, backend, state, total_steps, num_epochs,
         cfg.gradient_accumulation_steps, cfg.max_grad_norm, hooks, compute)
     hooks.close()
@@ -348,7 +219,7 @@ def write_validation_predictions(cfg: TrainConfig, backend: Backend, model: torc
     if predicted is None:  # the best evaluation happened before a resume: predict with the loaded best model
         predicted = predict_tags(model, validation, backend, data.tokenizer.pad_token_id, data.decoder)
     if backend.is_main_process:
-        write_predictions(cfg.output_path / "predictions" / VALIDATION_PREDICTIONS,
+        write_predictions(cfg.output_path / PREDICTIONS_DIR / VALIDATION_PREDICTIONS,
                           [e.words for e in validation.examples], [e.tags for e in validation.examples], predicted)
     return predicted
 
@@ -359,7 +230,7 @@ def finish(cfg: TrainConfig, backend: Backend, model: torch.nn.Module, data: Pre
     if not state.eval_history or state.eval_history[-1]["step"] != state.global_step:
         hooks.evaluate(state, can_stop=False)  # --max-steps can stop between scheduled evaluations
     metrics, source, sealed_here = score_final_model(cfg, backend, model, data, state, hooks)
-    final = cfg.output_path / "final"
+    final = cfg.output_path / FINAL_DIR
     if backend.is_main_process:
         # update: on resume final/ holds the export of the run's earlier end, which the new one replaces
         # (claim_output_dir refused anything else there that the new export would replace)

@@ -1,0 +1,143 @@
+"""Who owns a run's --output-dir: one run a folder, and nothing removed or replaced that a run did not write.
+
+    claim_output_dir(cfg, backend, trackers, resume_from)   # before a run writes there, on every rank
+
+A folder that holds a run (RUN_MARKERS) is refused unless told: --overwrite-output-dir removes the run's own entries
+and nothing else, and only once no record shows a file of yours among them (the checkpoints' manifests, the export's
+and the trackers' records, ner/files.py); --resume continues the run, if its export in final/ is the export's own.
+What a run writes is named in training/run_files.py.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from ner.backends import Backend
+from ner.backends.trackers import TRACKERS_DIR, TrackerClaim, unrecorded_tracker_files
+from ner.errors import UserError
+from ner.files import read_record, temporary_of, unrecorded
+from ner.training import checkpoint as ckpt
+from ner.training.config import TrainConfig
+from ner.training.export import EXPORT_TOOL, checkpoint_export_names, is_export, not_the_exports
+from ner.training.run_files import FINAL_DIR, METRICS_FILE, PLOTS, PREDICTIONS_DIR, VALIDATION_PREDICTIONS
+
+# What a finished or running job leaves; --overwrite-output-dir removes these and nothing else.
+RUN_MARKERS = (ckpt.CHECKPOINTS, FINAL_DIR, METRICS_FILE, PREDICTIONS_DIR, *PLOTS, TRACKERS_DIR)
+RUN_FILES = {METRICS_FILE, *PLOTS}  # the markers that are files; the others are folders
+
+
+def claim_output_dir(cfg: TrainConfig, backend: Backend, trackers: TrackerClaim,
+                     resume_from: Path | None = None) -> None:
+    """Refuse to mix two runs in one folder unless told to overwrite or resume (a run starts afresh, `--resume auto`
+    that found no complete checkpoint included, only where no run wrote); refuse, before anything is removed, to
+    remove or replace anything no record shows a run wrote. Claimed, the main process takes the run's `trackers`."""
+    out = cfg.output_path
+    if out.exists() and not out.is_dir():
+        raise UserError(f"{out}: --output-dir exists and is not a folder")
+    taken = run_markers(out)
+    if resume_from is None and cfg.overwrite_output_dir:
+        replace_previous_run(out, backend)
+    elif taken and cfg.resume is None:
+        raise UserError(f"{out}: holds another run ({', '.join(taken)}); pass --resume auto to continue it, "
+                        "--overwrite-output-dir to replace it, or choose another --output-dir")
+    elif taken and resume_from is None:
+        raise UserError(f"{out}: --resume auto found no complete checkpoint, and the folder holds a run "
+                        f"({', '.join(taken)}); pass --overwrite-output-dir to start afresh there, or choose another "
+                        "--output-dir")
+    elif FINAL_DIR in taken:
+        check_final_for_resume(out / FINAL_DIR, resume_from)  # on every rank: a resume removes nothing
+    backend.wait_for_everyone()  # no rank looks at the folder any more when rank 0 starts writing there
+    if backend.is_main_process:
+        out.mkdir(parents=True, exist_ok=True)
+        trackers.take(out)
+
+
+def run_markers(out: Path) -> list[str]:
+    return [m for m in RUN_MARKERS if (out / m).exists() or (out / m).is_symlink()]
+
+
+def replace_previous_run(out: Path, backend: Backend) -> None:
+    """--overwrite-output-dir: rank 0 alone inspects the old run and removes it (another rank walking final/ while
+    it goes would meet files gone, or take them for a user's). A refusal removes nothing, so after the barrier the
+    other ranks see the run still there and stop too, rather than wait for rank 0 at the next one."""
+    refusal = None
+    if backend.is_main_process:
+        taken = run_markers(out)
+        try:
+            refuse_foreign(out, not_written_by_a_run(out, taken))
+        except UserError as exc:
+            refusal = exc
+        else:
+            for marker in taken:
+                path = out / marker
+                shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+    backend.wait_for_everyone()
+    if refusal is not None:
+        raise refusal
+    left = run_markers(out)
+    if left:
+        raise UserError(f"{out}: process 0 did not replace the run there ({', '.join(left)} left; its error says "
+                        "why)")
+
+
+def check_final_for_resume(final: Path, resume_from: Path | None) -> None:
+    """A resumed run exports into final/ at its end: it must be an export, and what the new export would replace
+    there must be the old export's own (not a README.md of yours, nor a model card you edited)."""
+    if final.is_symlink() or not final.is_dir() or (any(final.iterdir()) and not is_export(final)):
+        refuse_foreign(final.parent, [final])
+    unsure = unrecorded(final, read_record(final, EXPORT_TOOL), checkpoint_export_names(resume_from))
+    if unsure:
+        path, edited = unsure[0]
+        raise UserError(f"{path}: {not_the_exports(edited)}; the resumed run's export would replace it: move it "
+                        "away (nothing was changed)")
+
+
+def not_written_by_a_run(out: Path, markers: list[str]) -> list[Path]:
+    """What a run would not have written among `markers` in `out`, at any depth, or what changed since (a model
+    card edited in final/): a user's file that happens to share a name or a folder."""
+    foreign = []
+    for marker in markers:
+        path = out / marker
+        if path.is_symlink() or (path.is_dir() == (marker in RUN_FILES)):
+            foreign.append(path)
+        elif marker == FINAL_DIR:
+            foreign += foreign_in_final(path)
+        elif marker == ckpt.CHECKPOINTS:
+            foreign += foreign_in_checkpoints(path)
+        elif marker == PREDICTIONS_DIR:
+            foreign += [p for p in sorted(path.iterdir()) if not (is_prediction_name(p.name) and p.is_file())]
+        elif marker == TRACKERS_DIR:
+            foreign += unrecorded_tracker_files(out)
+    return foreign
+
+
+def is_prediction_name(name: str) -> bool:
+    """predictions/validation.conll, or a temporary file ner/files.py wrote it through (a run killed meanwhile)."""
+    return name == VALIDATION_PREDICTIONS or temporary_of(name, roles=("tmp",)) == VALIDATION_PREDICTIONS
+
+
+def foreign_in_final(final: Path) -> list[Path]:
+    """final/ itself when it is not an export; else its entries that no record shows its export wrote as they are."""
+    if not any(final.iterdir()):
+        return []
+    if not is_export(final):
+        return [final]
+    return [p for p, _ in unrecorded(final, read_record(final, EXPORT_TOOL))]
+
+
+def foreign_in_checkpoints(root: Path) -> list[Path]:
+    foreign = []
+    for entry in sorted(root.iterdir()):
+        if ckpt.CHECKPOINT_NAME.fullmatch(entry.name) and entry.is_dir() and not entry.is_symlink():
+            foreign += ckpt.not_in_manifest(entry)
+        elif not (ckpt.is_staging_name(entry.name) and entry.is_dir()):
+            foreign.append(entry)
+    return foreign
+
+
+def refuse_foreign(out: Path, foreign: list[Path]) -> None:
+    if foreign:
+        named = ", ".join(str(p) for p in foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        raise UserError(f"{out}: holds files a training run did not write or that changed since ({named}); nothing "
+                        "was removed: move them away or choose another --output-dir")

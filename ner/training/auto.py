@@ -87,8 +87,8 @@ def resolve_auto(cfg: TrainConfig, *, hidden_size: int, sentences_per_window: fl
         chosen["batch_size"] = batch_size
         log.info("--batch-size auto: %d (%d sentences on %s, %.1f sentences a window)", batch_size,
                  budget_sentences, device_type, sentences_per_window)
-    max_tokens = budget_tokens if cfg.max_tokens is None else cfg.max_tokens
-    if cfg.max_tokens is None:
+    max_tokens = cfg.max_tokens or budget_tokens
+    if cfg.max_tokens == 0:
         chosen["max_tokens"] = max_tokens
         log.info("--max-tokens auto: %d (on %s)", max_tokens, device_type)
     if cfg.learning_rate == 0:

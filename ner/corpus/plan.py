@@ -21,7 +21,7 @@ MERGED = "predictions.jsonl"
 PART = re.compile(r"part-(\d{5,})\.jsonl")
 # --chunk-texts auto: about CHUNKS_AIMED_FOR chunks of the corpus, within CHUNK_TEXTS_RANGE (docs/corpus.md:
 # chunks dealt round-robin balance processes only when each gets several, and every chunk costs a part-filled
-# forward per batch width, about 0.5-0.8 s on 2 CPU cores, so small chunks are slow)
+# forward per batch width, so small chunks are slow; figures in "The default chunk size")
 CHUNKS_AIMED_FOR, CHUNK_TEXTS_RANGE = 16, (2048, 4096)
 DEFAULT_CHUNK_TEXTS = CHUNK_TEXTS_RANGE[1]  # Ray Data's batch size (RayTagger)
 

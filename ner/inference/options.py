@@ -35,8 +35,9 @@ AUTO_SENTENCES_PER_BATCH = 32  # training's micro-batch where --batch-size is au
 
 # Padded tokens per inference forward pass. Every pass of padded width W runs with exactly max_tokens // W rows
 # (encode.fixed_shape_plan: a text's answer never depends on its batch neighbours), so a short batch is filled
-# and a lone text costs the whole budget. 512 tagged corpora fastest and lone texts within 3x of one row, in
-# bf16 and fp32 on CPU, against 8,192 (a lone text 33x slower) and one row a pass (docs/performance.md).
+# and a lone text costs the whole budget. 512 tagged corpora fastest and lone texts at a few times one row's cost,
+# in bf16 and fp32 on CPU, against 8,192 (a lone text far slower) and one row a pass (docs/performance.md, "Batch
+# independence").
 INFERENCE_TOKENS_PER_FORWARD = 512
 
 

@@ -132,7 +132,8 @@ class TrainConfig:
     # May change on resume: eager and sdpa compute the same function up to float rounding, and `auto` picks per
     # device, so a checkpoint can move between CPU and GPU.
     attn_implementation: str = _opt(
-        "auto", "attention kernel; auto: eager on CPU (measured 1.2x faster there on short sentences), sdpa on GPUs",
+        "auto", "attention kernel; auto: eager on CPU (measured faster there on short sentences, docs/defaults.md), "
+        "sdpa on GPUs",
         choices=("auto", "sdpa", "eager"), resume=MAY_CHANGE)
     optimizer_impl: str = _opt("fused", "AdamW implementation: fused (one kernel), foreach (multi-tensor) or for-loop",
                                choices=("foreach", "fused", "for-loop"), resume=AddedLater("foreach"))
@@ -331,8 +332,8 @@ def build_parser() -> argparse.ArgumentParser:
                         default=None)
     parser.add_argument("--plots", action="store_true", default=False,
                         help="draw loss_lr.png, validation_f1.png, per_type_f1.png and confusion.png into --output-dir "
-                        "once the run has ended (about 1 s on 2 cores; `python -m ner.plot OUTPUT_DIR` draws them for "
-                        "any run, live or finished)")
+                        "once the run has ended (a cost of its own, docs/performance.md; `python -m ner.plot "
+                        "OUTPUT_DIR` draws them for any run, live or finished)")
     for f in dataclasses.fields(TrainConfig):
         if f.metadata.get("recorded"):
             continue

@@ -55,6 +55,7 @@ from benchmarks.measure import (
     updates_from_records,
 )
 from benchmarks.report import REFERENCE_ABLATION, load_report, ratio_rows, save_report
+from ner.data.batching import NO_TOKEN_BUDGET
 from ner.data.conll import read_conll, write_conll
 from ner.data.tags import build_label_list
 from ner.errors import UserError, cli
@@ -65,7 +66,7 @@ MARKER = ".made-by-benchmarks"  # in every folder this benchmark made: the only 
 ABLATIONS = {  # name -> flags that change one technique (run (b) again with them)
     REFERENCE_ABLATION: [],
     "no tokenisation cache": ["--tokenization-cache", "none"],
-    "no length batching (--max-tokens 0)": ["--max-tokens", "0"],
+    f"no length batching (--max-tokens {NO_TOKEN_BUDGET})": ["--max-tokens", str(NO_TOKEN_BUDGET)],
     "widths not rounded (--pad-to-multiple-of 1)": ["--pad-to-multiple-of", "1"],
     "fp32 (--mixed-precision no)": ["--mixed-precision", "no"],
     "for-loop AdamW": ["--optimizer-impl", "for-loop"],

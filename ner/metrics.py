@@ -1,7 +1,8 @@
 """Entities and entity-level scores: the (type, first word, last word) chunks a sentence's tags spell, and
 precision, recall and F1 overall and per type, as plain JSON-safe dicts. Both equal seqeval's (tests/test_decode.py,
 tests/test_report.py: random sequences) without importing seqeval.metrics, which imports scikit-learn, scipy and
-pandas for one warning class: about 1.2 s of every process that tags or scores on 2 cores."""
+pandas for one warning class: an import every process that tags or scores would pay (docs/performance.md,
+"Start-up and tear-down")."""
 
 from __future__ import annotations
 

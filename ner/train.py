@@ -53,8 +53,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def draw_plots(output_dir: Path) -> None:
-    """--plots, once the run has ended. On request only: matplotlib's import and the drawing took about 1.2 s of
-    every run's end on 2 cores, beside inference or not (docs/performance.md, "Start-up and tear-down")."""
+    """--plots, once the run has ended. On request only: matplotlib's import and the drawing would cost every run's
+    end, beside inference or not (figures: docs/performance.md, "Start-up and tear-down")."""
     from ner.training.plots import write_plots
 
     logging.getLogger("ner").info("plots: %s", " ".join(path.name for path in write_plots(output_dir)))

@@ -55,7 +55,7 @@ python_step() {  # name, then a Python program on stdin and its arguments: its o
 }
 
 # 1-2. Correctness: GPU tests, every backend (gpu_check.sh), and the CPU's fp32 weights, side by side.
-FEW=(--max-steps 12 --batch-size 8 --max-tokens 0 --mixed-precision no --no-eval --quiet --seed 3
+FEW=(--max-steps 12 --batch-size 8 --max-tokens -1 --mixed-precision no --no-eval --quiet --seed 3
      --save-total-limit 1 --tokenization-cache none)
 if python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
   step gpu_tests 300 python -m pytest -q -m gpu tests/test_gpu.py tests/test_fp16.py &

@@ -20,7 +20,7 @@ mkdir -p "$OUT" && touch "$OUT/.ner-gpu-check"
 GPUS=$(python -c "import torch; print(torch.cuda.device_count())")
 echo "GPUs visible: $GPUS ($(python -c 'import torch; print(torch.cuda.get_device_name(0))'))"
 [ "$GPUS" -ge 1 ] || { echo "no GPU: nothing to check"; exit 1; }
-COMMON=(--max-steps 12 --batch-size 8 --max-tokens 0 --mixed-precision no --no-eval --quiet --seed 3
+COMMON=(--max-steps 12 --batch-size 8 --max-tokens -1 --mixed-precision no --no-eval --quiet --seed 3
         --save-total-limit 1 --tokenization-cache none)
 
 run() {  # name, then the command; records the last checkpoint's losses

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from ner.backends import NO_MIXED_PRECISION
+from ner.data.batching import NO_TOKEN_BUDGET
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_CONLL = ROOT.parent / "shared" / "data" / "conll2003"
@@ -214,7 +215,7 @@ def tiny_args(model: Path, data: dict[str, Path], out_dir: Path, *extra: str) ->
     """Flags for a fast, fp32, fully reproducible run on the tiny model."""
     return ["--model", str(model), "--train-file", str(data["train"]), "--validation-file", str(data["validation"]),
             "--test-file", str(data["test"]), "--output-dir", str(out_dir), "--max-seq-length", "32",
-            "--batch-size", "4", "--max-tokens", "0", "--num-epochs", "2", "--learning-rate", "1e-3",
+            "--batch-size", "4", "--max-tokens", str(NO_TOKEN_BUDGET), "--num-epochs", "2", "--learning-rate", "1e-3",
             "--mixed-precision", NO_MIXED_PRECISION, "--quiet", "--seed", "7", *extra]
 
 

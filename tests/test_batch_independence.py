@@ -11,6 +11,7 @@ that bf16 was not tested there (a RanInFp32 warning, in pytest's warnings summar
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import random
@@ -23,7 +24,7 @@ import pytest
 from conftest import make_sentences, torch_threads, with_random_head
 
 from ner.backends import BF16, NO_MIXED_PRECISION
-from ner.data.batching import fixed_shape_batches, rows_for_width
+from ner.data.batching import NO_TOKEN_BUDGET, fixed_shape_batches, rows_for_width
 from ner.data.encode import Feature, collate, fixed_shape_plan, padded_lengths
 from ner.data.examples import Example
 from ner.inference.options import ONNX
@@ -187,11 +188,16 @@ def test_predict_gives_a_line_the_same_output_in_two_files(random_model, tmp_pat
 def test_batch_limits_not_given_are_the_budget_of_the_device_the_passes_run_on(random_model, monkeypatch):
     """A GPU gets its own default budget (measured on an H200); given limits win; an unknown device gets the CPU's."""
     from ner.inference import tagger as infer
-    from ner.inference.options import INFERENCE_BUDGETS, inference_budget
+    from ner.inference.options import INFERENCE_BUDGETS, add_inference_arguments, inference_budget
 
     assert inference_budget("cuda") == INFERENCE_BUDGETS["cuda"] != INFERENCE_BUDGETS["cpu"]
     assert inference_budget("mps") == inference_budget("cpu")
-    assert inference_budget("cuda", 8, 0) == (8, 0)  # 0: no token limit, as given
+    assert inference_budget("cuda", 0, 0) == INFERENCE_BUDGETS["cuda"]  # 0: auto, as ner.train's --max-tokens
+    assert inference_budget("cuda", 8, NO_TOKEN_BUDGET) == (8, NO_TOKEN_BUDGET)  # no token limit, as given
+    parser = argparse.ArgumentParser()
+    add_inference_arguments(parser)
+    given = parser.parse_args([])
+    assert inference_budget("cuda", given.batch_size, given.max_tokens) == INFERENCE_BUDGETS["cuda"]
     seen = []
     real_plan = infer.fixed_shape_plan
     monkeypatch.setattr(infer, "fixed_shape_plan", lambda f, pad, rows, tokens: seen.append((rows, tokens))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 import sys
 
 import pytest
@@ -11,6 +12,7 @@ from conftest import read_state, run_cli, tiny_args
 
 from ner import train as train_cli
 from ner.backends import ACCELERATE, BACKENDS, DATA_PARALLEL, RAW_DDP
+from ner.data.batching import NO_TOKEN_BUDGET
 from ner.errors import UserError
 from ner.training.checkpoint import list_checkpoints
 from ner.training.config import MAY_CHANGE, MUST_MATCH, AddedLater, TrainConfig, load_yaml, parse_config, resume_rule
@@ -99,7 +101,9 @@ def test_help_lists_every_flag_with_its_default(entry):
         assert flag in text
     assert f"(default: {TrainConfig().learning_rate})" in text
     assert f"(default: {TrainConfig().seed})" in text
-    assert "--max-tokens INT|auto" in text and "16384 on CUDA (reasoned, docs/defaults.md) (default: auto)" in text
+    assert "--max-tokens INT" in text and "|auto" not in text
+    assert f"16384 on CUDA (reasoned, docs/defaults.md); {NO_TOKEN_BUDGET}: none, fixed --batch-size (default: 0)" \
+        in text
 
 
 def test_auto_defaults_follow_the_measured_rules():
@@ -122,7 +126,7 @@ def test_auto_values_resolve_into_a_new_config_once(caplog):
     assert (resolved.batch_size, resolved.max_tokens, resolved.learning_rate, resolved.num_epochs,
             resolved.attn_implementation) == (32, 4096, 5e-5, 5, "eager")  # 300 updates an epoch at 32
     assert (given.batch_size, given.max_tokens, given.learning_rate, given.num_epochs, given.attn_implementation) == \
-        (0, None, 0.0, 0, "auto")  # untouched
+        (0, 0, 0.0, 0, "auto")  # untouched
     assert "--learning-rate auto: 5e-05 (hidden size 768)" in caplog.text
     documents = resolve_auto(given, hidden_size=384, sentences_per_window=5.2,
                              updates_per_epoch=lambda b, t: 2400 // b, device_type="cpu")
@@ -166,37 +170,69 @@ def test_a_given_micro_batch_is_kept_and_its_learning_rate_not_scaled(device_typ
 
     assert resolved(max_tokens=8192).max_tokens == 8192
     assert counted[-1] == 8192  # and the auto epochs are counted with the budget given
-    assert resolved(max_tokens=0).max_tokens == 0  # 0: fixed --batch-size, as before
-    assert counted[-1] == 0
+    assert resolved(max_tokens=NO_TOKEN_BUDGET).max_tokens == NO_TOKEN_BUDGET  # fixed --batch-size
+    assert counted[-1] == NO_TOKEN_BUDGET
     fixed = resolved(batch_size=32)
     assert (fixed.batch_size, fixed.learning_rate) == (32, 2e-4)  # the LR is scaled for the auto micro-batch only
 
 
-def test_max_tokens_takes_auto_or_a_number_from_flags_and_yaml(tmp_path):
-    assert TrainConfig().max_tokens is None  # auto
-    assert parse_config([])[0].max_tokens is None
-    assert parse_config(["--max-tokens", "0"])[0].max_tokens == 0
+def test_max_tokens_spells_auto_as_0_as_every_numeric_option_does(tmp_path, capsys):
+    assert TrainConfig().max_tokens == 0  # auto
+    assert parse_config([])[0].max_tokens == 0
+    assert parse_config(["--max-tokens", str(NO_TOKEN_BUDGET)])[0].max_tokens == NO_TOKEN_BUDGET
     assert parse_config(["--max-tokens", "8192"])[0].max_tokens == 8192
     config = tmp_path / "c.yaml"
     config.write_text("max_tokens: 4096\n")
     assert parse_config(["--config", str(config)])[0].max_tokens == 4096
-    assert parse_config(["--config", str(config), "--max-tokens", "auto"])[0].max_tokens is None
-    config.write_text("max_tokens: auto\n")
-    assert parse_config(["--config", str(config)])[0].max_tokens is None
-    config.write_text("batch_size: auto\n")  # only --max-tokens spells auto as a word
-    with pytest.raises(UserError, match="option 'batch_size' expects int, got 'auto'"):
+    assert parse_config(["--config", str(config), "--max-tokens", "0"])[0].max_tokens == 0
+    for text in ("max_tokens: auto\n", "batch_size: auto\n"):  # no option spells auto as a word
+        config.write_text(text)
+        with pytest.raises(UserError, match=f"option '{text.split(':')[0]}' expects int, got 'auto'"):
+            load_yaml(config)
+    config.write_text("max_tokens:\n")  # null: an option with a number is never unset
+    with pytest.raises(UserError, match="option 'max_tokens' expects int, got None"):
         load_yaml(config)
-    with pytest.raises(UserError, match="--max-tokens must be zero or more"):
-        parse_config(["--max-tokens", "-1"])
+    with pytest.raises(SystemExit):
+        parse_config(["--max-tokens", "auto"])
+    assert "--max-tokens: invalid int value: 'auto'" in capsys.readouterr().err
+    with pytest.raises(UserError, match=f"--max-tokens must be positive, 0 for auto or {NO_TOKEN_BUDGET} for a fixed "
+                                        f"--batch-size \\(got {NO_TOKEN_BUDGET - 1}\\)"):
+        parse_config(["--max-tokens", str(NO_TOKEN_BUDGET - 1)])
 
 
 def test_the_resolved_token_budget_is_stored_with_the_run(tiny_bert, tiny_data, tmp_path, capsys):
     out = tmp_path / "run"
-    assert train_cli.main(tiny_args(tiny_bert, tiny_data, out, "--max-tokens", "auto", "--max-steps", "2",
+    assert train_cli.main(tiny_args(tiny_bert, tiny_data, out, "--max-tokens", "0", "--max-steps", "2",
                                     "--no-eval")) == 0
     assert "--max-tokens auto: 4096 (on cpu)" in capsys.readouterr().err
     assert json.loads((out / "final" / "training_args.json").read_text())["max_tokens"] == 4096
     assert read_state(list_checkpoints(out)[-1])["config"]["max_tokens"] == 4096
+
+
+@pytest.mark.parametrize("stored", [0, None], ids=["fixed-batch-size-as-0", "auto-as-None"])
+def test_a_checkpoint_of_the_old_max_tokens_spelling_is_refused_by_name(tiny_bert, tiny_data, tmp_path, capsys,
+                                                                      stored):
+    """Before --max-tokens spelled auto as 0, 0 was a fixed --batch-size (and None, unresolved, auto): such a
+    checkpoint's resume names the difference, as any other must-match setting's (red with max_tokens MAY_CHANGE)."""
+    from ner.files import file_entry, read_record, write_record
+    from ner.training.checkpoint import CHECKPOINT_TOOL, MANIFEST, STATE
+
+    run_args = tiny_args(tiny_bert, tiny_data, tmp_path / "run", "--max-steps", "1", "--no-eval")
+    assert train_cli.main(run_args) == 0
+    old = tmp_path / "old"
+    shutil.copytree(list_checkpoints(tmp_path / "run")[-1], old)
+    state = json.loads((old / STATE).read_text())
+    state["config"]["max_tokens"] = stored
+    (old / STATE).write_text(json.dumps(state))
+    manifest = read_record(old, CHECKPOINT_TOOL, MANIFEST)  # sealed as such a checkpoint was
+    write_record(old, CHECKPOINT_TOOL, {**manifest, STATE: file_entry(old / STATE)}, MANIFEST)
+    capsys.readouterr()
+    code = train_cli.main(tiny_args(tiny_bert, tiny_data, tmp_path / "out", "--max-steps", "2", "--no-eval",
+                                    "--resume", str(old)))
+    err = capsys.readouterr().err
+    assert code == 2 and f"{old}: cannot resume, the run differs from the checkpoint:" in err
+    assert f"max_tokens: checkpoint {stored!r}, now {NO_TOKEN_BUDGET}" in err
+    assert "Traceback" not in err
 
 
 def test_remote_code_is_off_unless_asked():

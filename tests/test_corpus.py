@@ -286,16 +286,24 @@ def test_without_output_dir_several_inputs_are_refused(random_model, corpus, cap
 
 
 def test_auto_chunks_come_from_the_corpus_size_alone_and_balance_two_processes():
-    """--chunk-texts auto: 12,000 texts were 3 chunks of 4096, dealt 7,904 : 4,096 to two processes (docs/corpus.md)."""
-    sizes = {texts: ner.corpus.plan.chunk_texts_for(None, texts) for texts in (7, 12_000, 40_000, 100_000, 10_000_000)}
+    """--chunk-texts 0 (auto): 12,000 texts were 3 chunks of 4096, dealt 7,904 : 4,096 to two processes
+    (docs/corpus.md)."""
+    sizes = {texts: ner.corpus.plan.chunk_texts_for(0, texts) for texts in (7, 12_000, 40_000, 100_000, 10_000_000)}
     assert sizes == {7: 2048, 12_000: 2048, 40_000: 2500, 100_000: 4096, 10_000_000: 4096}
     for texts in (12_000, 40_000, 100_000):
         plan = ner.corpus.plan.Plan(texts, sizes[texts], frozenset())
         dealt = [sum(plan.size(k) for k in plan.mine(rank, 2)) for rank in (0, 1)]
         assert sum(dealt) == texts and min(dealt) / max(dealt) > 0.9
     assert ner.corpus.plan.chunk_texts_for(4, 12_000) == 4  # a number given is kept
-    args = build_parser().parse_args(["m", "x.txt", "--output-dir", "o", "--chunk-texts", "auto"])
-    assert args.chunk_texts is None
+    assert build_parser().parse_args(["m", "x.txt", "--output-dir", "o"]).chunk_texts == 0  # auto, as every 0
+    with pytest.raises(SystemExit):  # no numeric option spells auto as a word
+        build_parser().parse_args(["m", "x.txt", "--output-dir", "o", "--chunk-texts", "auto"])
+
+
+def test_a_negative_chunk_size_is_refused(random_model, corpus, tmp_path, capsys):
+    assert tag(random_model, tmp_path / "out", corpus["first"], extra=("--chunk-texts", "-1")) == 2
+    assert "--chunk-texts must be positive, or 0 for auto (got -1)" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
 
 
 def test_the_manifest_records_model_settings_computation_and_input(random_model, corpus, tmp_path):
@@ -303,7 +311,7 @@ def test_the_manifest_records_model_settings_computation_and_input(random_model,
     assert tag(random_model, out, corpus["first"]) == 0
     manifest = json.loads((out / "manifest.json").read_text())
     assert "model.safetensors" in manifest["model"]["sha256"]
-    assert manifest["settings"]["chunk_texts"] == "auto" and manifest["texts"] == 7 and manifest["chunk_texts"] == 2048
+    assert manifest["settings"]["chunk_texts"] == 0 and manifest["texts"] == 7 and manifest["chunk_texts"] == 2048
     # how the numbers were computed, as the loaded Tagger does it; the batch budget as resolved for the device
     # (the CPU's tokens here; windows as given), so a resume on a GPU is refused, not mixed
     assert manifest["computation"] == {

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ner.data.batching import TokenBudgetBatchSampler, inference_batches
+from ner.data.batching import NO_TOKEN_BUDGET, TokenBudgetBatchSampler, inference_batches
 from ner.data.encode import (
     IGNORE_INDEX,
     cached_encode,
@@ -110,7 +110,7 @@ def test_token_budget_batches_respect_budget_and_cover_everything():
 
 
 def test_plan_is_padded_to_a_multiple_of_the_world_size_and_skips_for_resume():
-    sampler = TokenBudgetBatchSampler([10] * 10, max_sentences=3, max_tokens=0, seed=0, num_replicas=3)
+    sampler = TokenBudgetBatchSampler([10] * 10, max_sentences=3, max_tokens=NO_TOKEN_BUDGET, seed=0, num_replicas=3)
     plan = sampler.plan(0)
     assert len(plan) == 6 and plan[4:] == plan[:2]  # 4 batches, the first two repeated
     sampler.set_epoch(0, skip_batches=2)
@@ -119,9 +119,10 @@ def test_plan_is_padded_to_a_multiple_of_the_world_size_and_skips_for_resume():
 
 def test_inference_batches_cover_each_item_once_sorted_by_length():
     lengths = [5, 50, 7, 33, 12]
-    batches = inference_batches(lengths, max_sentences=2, max_tokens=0)
-    assert sorted(i for b in batches for i in b) == list(range(5))
-    assert batches[0] == [1, 3]
+    for no_budget in (NO_TOKEN_BUDGET, 0):  # --max-tokens -1, or a resolved budget of none
+        batches = inference_batches(lengths, max_sentences=2, max_tokens=no_budget)
+        assert sorted(i for b in batches for i in b) == list(range(5))
+        assert batches[0] == [1, 3]
 
 
 def test_collate_rounds_the_width_and_masks_the_extra_padding(tokenizer):

@@ -20,6 +20,7 @@ httpx = pytest.importorskip("httpx")
 from fastapi.testclient import TestClient  # noqa: E402
 
 from ner.backends import NO_MIXED_PRECISION  # noqa: E402
+from ner.data.batching import NO_TOKEN_BUDGET  # noqa: E402
 from ner.inference.model_folder import model_version  # noqa: E402
 from ner.serving.app import create_app  # noqa: E402
 from ner.serving.label_studio import ConfigError, Target, map_types, parse_label_config  # noqa: E402
@@ -210,8 +211,8 @@ def test_webhook_is_accepted_and_logged(client, caplog):
 
 # -- retraining: START_TRAINING -> export -> ner.train in another process -> swap ------------------------------
 
-TINY_TRAINING = "--max-seq-length 32 --batch-size 8 --max-tokens 0 --num-epochs 1 --learning-rate 1e-3 " \
-                "--mixed-precision no --seed 7"
+TINY_TRAINING = f"--max-seq-length 32 --batch-size 8 --max-tokens {NO_TOKEN_BUDGET} --num-epochs 1 " \
+                "--learning-rate 1e-3 --mixed-precision no --seed 7"
 
 
 def label_studio_export(sentences: list[list[tuple[str, str]]]) -> list[dict]:

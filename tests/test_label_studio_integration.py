@@ -26,6 +26,7 @@ httpx = pytest.importorskip("httpx")
 from conftest import ROOT, make_sentences, python_module, run_cli  # noqa: E402
 
 from ner.backends import NO_MIXED_PRECISION  # noqa: E402
+from ner.data.batching import NO_TOKEN_BUDGET  # noqa: E402
 from ner.testing import free_local_port, wait_until_healthy  # noqa: E402
 
 pytestmark = pytest.mark.integration
@@ -38,8 +39,8 @@ LABEL_CONFIG = """<View>
   </Labels>
   <Text name="text" value="$text"/>
 </View>"""
-TINY_TRAINING = "--max-seq-length 32 --batch-size 8 --max-tokens 0 --num-epochs 1 --learning-rate 1e-3 " \
-                "--mixed-precision no --seed 7"
+TINY_TRAINING = f"--max-seq-length 32 --batch-size 8 --max-tokens {NO_TOKEN_BUDGET} --num-epochs 1 " \
+                "--learning-rate 1e-3 --mixed-precision no --seed 7"
 START_TIMEOUT_S = 900  # the first start migrates a new database: minutes on a loaded 2-core machine
 
 
@@ -198,7 +199,7 @@ def test_label_studio_gets_predictions_from_ner_serve_then_its_export_trains(lab
     out = tmp_path / "run"
     trained = run_cli(python_module("ner.train", "--model", str(tiny_bert), "--train-file", str(export_file),
                                     "--validation-file", str(export_file), "--output-dir", str(out),
-                                    "--max-seq-length", "32", "--batch-size", "8", "--max-tokens", "0",
+                                    "--max-seq-length", "32", "--batch-size", "8", "--max-tokens", str(NO_TOKEN_BUDGET),
                                     "--num-epochs", "1", "--learning-rate", "1e-3",
                                     "--mixed-precision", NO_MIXED_PRECISION, "--quiet", "--seed", "7"))
     assert trained.returncode == 0, trained.stderr[-3000:]

@@ -25,6 +25,7 @@ from conftest import fitted_export, make_sentences  # noqa: E402
 from fastapi.testclient import TestClient  # noqa: E402
 
 from ner.backends import NO_MIXED_PRECISION  # noqa: E402
+from ner.data.batching import NO_TOKEN_BUDGET  # noqa: E402
 from ner.evaluate import main as evaluate_main  # noqa: E402
 from ner.inference.model_folder import model_version  # noqa: E402
 from ner.inference.options import RUNTIME_FILES, RUNTIME_TRAIN_FLAGS, RUNTIMES  # noqa: E402
@@ -39,8 +40,8 @@ TEXTS = ["Ada Lovelace visited London on Monday .", "", "Shares of Acme Corp ros
          "Grace Hopper said the weather was fine .", "Initech hired Niels Bohr in Cairo ."]
 FAST = ("--mixed-precision", NO_MIXED_PRECISION, "--quiet")
 # Small and quick: the retraining's flags that are not the runtime's (tests/test_label_studio.py's)
-RETRAIN_ARGS = "--max-seq-length 32 --batch-size 8 --max-tokens 0 --num-epochs 1 --learning-rate 1e-3 " \
-               "--mixed-precision no --seed 7"
+RETRAIN_ARGS = f"--max-seq-length 32 --batch-size 8 --max-tokens {NO_TOKEN_BUDGET} --num-epochs 1 " \
+               "--learning-rate 1e-3 --mixed-precision no --seed 7"
 NEEDS_FILES = [runtime for runtime in RUNTIMES if RUNTIME_FILES[runtime]]  # a runtime that reads weights alone cannot
 # miss its files
 

@@ -43,7 +43,7 @@ def model_identity(model_dir: Path, runtime: str) -> dict:
 def corpus_settings(args: argparse.Namespace) -> dict:
     """The options that decide what a part holds and how its lines are written (--chunk-texts: which texts)."""
     return {"format": args.format, "jsonl": args.jsonl, "text_column": args.text_column,
-            "chunk_texts": "auto" if args.chunk_texts is None else args.chunk_texts}
+            "chunk_texts": args.chunk_texts}
 
 
 def computation(tagger, args: argparse.Namespace) -> dict:

@@ -5,7 +5,6 @@ OUT/part-<k>.jsonl; --merge streams the parts, in order, into OUT/predictions.js
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import re
 import shutil
@@ -19,9 +18,9 @@ from ner.files import staged_file
 
 MERGED = "predictions.jsonl"
 PART = re.compile(r"part-(\d{5,})\.jsonl")
-# --chunk-texts auto: about CHUNKS_AIMED_FOR chunks of the corpus, within CHUNK_TEXTS_RANGE (docs/corpus.md:
+# --chunk-texts 0 (auto): about CHUNKS_AIMED_FOR chunks of the corpus, within CHUNK_TEXTS_RANGE (docs/corpus.md:
 # chunks dealt round-robin balance processes only when each gets several, and every chunk costs a part-filled
-# forward per batch width, about 0.5-0.8 s on 2 CPU cores, so small chunks are slow)
+# forward per batch width, so small chunks are slow; figures in "The default chunk size")
 CHUNKS_AIMED_FOR, CHUNK_TEXTS_RANGE = 16, (2048, 4096)
 DEFAULT_CHUNK_TEXTS = CHUNK_TEXTS_RANGE[1]  # Ray Data's batch size (RayTagger)
 
@@ -30,20 +29,10 @@ def part_name(chunk: int) -> str:
     return f"part-{chunk:05d}.jsonl"
 
 
-def chunk_texts_arg(value: str) -> int | None:
-    """--chunk-texts: a count, or auto (None)."""
-    if value == "auto":
-        return None
-    try:
-        return int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of texts or auto, got {value!r}") from None
-
-
-def chunk_texts_for(requested: int | None, texts: int) -> int:
-    """The chunk size: as given, or for auto one from the corpus size alone (never from the number of processes,
+def chunk_texts_for(requested: int, texts: int) -> int:
+    """The chunk size: as given, or for auto (0) one from the corpus size alone (never from the number of processes,
     so every run over the same input cuts the same chunks): about CHUNKS_AIMED_FOR, within CHUNK_TEXTS_RANGE."""
-    if requested is not None:
+    if requested:
         return requested
     low, high = CHUNK_TEXTS_RANGE
     return max(low, min(high, -(-texts // CHUNKS_AIMED_FOR)))

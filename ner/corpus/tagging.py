@@ -41,7 +41,6 @@ from ner.corpus.plan import (
     CHUNKS_AIMED_FOR,
     MERGED,
     Plan,
-    chunk_texts_arg,
     finished_chunks,
     merge_parts,
     owned_chunks,
@@ -180,8 +179,8 @@ def check_corpus_args(args: argparse.Namespace) -> None:
                         "--pretokenized and --conll write to stdout")
     if args.format not in ("json", "spans"):
         raise UserError(f"--format {args.format}: --output-dir writes json or spans lines")
-    if args.chunk_texts is not None and args.chunk_texts < 1:
-        raise UserError(f"--chunk-texts must be at least 1 (got {args.chunk_texts})")
+    if args.chunk_texts < 0:
+        raise UserError(f"--chunk-texts must be positive, or 0 for auto (got {args.chunk_texts})")
     if not args.inputs:
         raise UserError("--output-dir needs INPUT files, globs or folders (stdin cannot be resumed)")
 
@@ -240,8 +239,9 @@ def add_corpus_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--output-dir", type=Path, default=None,
                        help="tag INPUT... into OUT/part-NNNNN.jsonl (resumable, any number of processes)")
     low, high = CHUNK_TEXTS_RANGE
-    group.add_argument("--chunk-texts", type=chunk_texts_arg, default=None, metavar="N|auto",
-                       help=f"texts per part (default: auto, about 1/{CHUNKS_AIMED_FOR} of the corpus, {low}-{high})")
+    group.add_argument("--chunk-texts", type=int, default=0, metavar="N",
+                       help=f"texts per part; 0: auto, about 1/{CHUNKS_AIMED_FOR} of the corpus, {low}-{high} "
+                       "(default: 0)")
     group.add_argument("--merge", action="store_true", help="then concatenate the parts into OUT/" + MERGED)
     group.add_argument("--overwrite", action="store_true",
                        help="start again: remove the parts, manifest and merged file a previous run wrote in OUT")

@@ -21,6 +21,11 @@ import numpy as np
 WIDTH_STEP = 1.2
 NARROWEST_WIDTH = 8
 
+# --max-tokens (ner.train, ner.predict, ner.evaluate): 0 is auto (the device's budget), as every numeric option's 0;
+# NO_TOKEN_BUDGET batches --batch-size windows whatever their width. The functions here take a budget already
+# resolved, where any budget <= 0 is none.
+NO_TOKEN_BUDGET = -1
+
 
 def width_buckets(widest: int, multiple: int) -> tuple[int, ...]:
     """Padded widths for windows up to `widest` tokens: multiples of `multiple` from NARROWEST_WIDTH, each about
@@ -136,12 +141,12 @@ def inference_batches(lengths: list[int], max_sentences: int, max_tokens: int) -
     independence"). Inference uses fixed_shape_batches; this plan stays as the benchmarks' baseline."""
     lengths_array = np.asarray(lengths, dtype=np.int64)
     order = np.argsort(-lengths_array, kind="stable")
-    return cut_by_budget(order, lengths_array, max_sentences, max_tokens or 10**12)
+    return cut_by_budget(order, lengths_array, max_sentences, max_tokens if max_tokens > 0 else 10**12)
 
 
 def rows_for_width(width: int, max_rows: int, max_tokens: int) -> int:
     """Rows of every inference forward pass of this padded width: a function of the width and the settings
-    alone, never of what else is being tagged. max_tokens 0: max_rows whatever the width."""
+    alone, never of what else is being tagged. No token budget (max_tokens <= 0): max_rows whatever the width."""
     by_tokens = max_tokens // width if max_tokens > 0 else max_rows
     return max(1, min(max_rows, by_tokens))
 

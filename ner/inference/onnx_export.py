@@ -69,7 +69,7 @@ def write_onnx(model_dir: Path, quantize: str | None = None, calibrate: list[Exa
 
     transformers.utils.logging.disable_progress_bar()
     # eager attention: SDPA's traced mask handling adds an IsNaN and Where per layer; onnxruntime ran the eager
-    # graph 1.1x faster, fp32 and int8 alike (docs/performance.md)
+    # graph faster, fp32 and int8 alike (measured: docs/performance.md, "Eager attention in the export")
     model = AutoModelForTokenClassification.from_pretrained(model_dir, attn_implementation="eager").eval()
     settings = ModelSettings.of(model_dir)
     batches = check_batches(AutoTokenizer.from_pretrained(model_dir), casing=settings.casing == "types")

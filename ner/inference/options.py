@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ner.backends import BF16, NO_MIXED_PRECISION
+from ner.data.batching import NO_TOKEN_BUDGET
 from ner.errors import UserError
 from ner.inference.decode import DECODERS
 from ner.process import log_to_stderr, process_rank_from_env
@@ -35,8 +36,9 @@ AUTO_SENTENCES_PER_BATCH = 32  # training's micro-batch where --batch-size is au
 
 # Padded tokens per inference forward pass. Every pass of padded width W runs with exactly max_tokens // W rows
 # (encode.fixed_shape_plan: a text's answer never depends on its batch neighbours), so a short batch is filled
-# and a lone text costs the whole budget. 512 tagged corpora fastest and lone texts within 3x of one row, in
-# bf16 and fp32 on CPU, against 8,192 (a lone text 33x slower) and one row a pass (docs/performance.md).
+# and a lone text costs the whole budget. 512 tagged corpora fastest and lone texts at a few times one row's cost,
+# in bf16 and fp32 on CPU, against 8,192 (a lone text far slower) and one row a pass (docs/performance.md, "Batch
+# independence").
 INFERENCE_TOKENS_PER_FORWARD = 512
 
 
@@ -48,16 +50,17 @@ INFERENCE_BUDGETS = {"cpu": (AUTO_SENTENCES_PER_BATCH * 2, INFERENCE_TOKENS_PER_
 
 def inference_budget(device_type: str, max_sentences: int | None = None,
                      max_tokens: int | None = None) -> tuple[int, int]:
-    """(windows, padded tokens) per forward pass: what was given, else the device type's default."""
+    """(windows, padded tokens) per forward pass: what was given, else (None or 0: auto) the device type's default;
+    max_tokens NO_TOKEN_BUDGET: none, max_sentences windows a pass."""
     rows, tokens = INFERENCE_BUDGETS.get(device_type, INFERENCE_BUDGETS["cpu"])
-    return max_sentences or rows, tokens if max_tokens is None else max_tokens
+    return max_sentences or rows, max_tokens or tokens
 
 
 def inference_batch_limits(batch_size: int, max_tokens: int) -> tuple[int, int]:
     """(windows, padded tokens) per inference forward pass for a training run's evaluation: no activations
     are kept for a backward pass, so twice the training micro-batch would fit; the token budget is capped at
     INFERENCE_TOKENS_PER_FORWARD, the fixed-shape passes' measured best."""
-    return batch_size * 2, min(max_tokens * 2, INFERENCE_TOKENS_PER_FORWARD) if max_tokens > 0 else 0
+    return batch_size * 2, min(max_tokens * 2, INFERENCE_TOKENS_PER_FORWARD) if max_tokens > 0 else NO_TOKEN_BUDGET
 
 
 # What computes the logits at inference (inference/runtime.py, inference/openvino_runtime.py), and the files of the
@@ -145,11 +148,12 @@ def add_inference_arguments(parser: argparse.ArgumentParser) -> None:
     """The model options plus batch limits, for the commands that tag files (ner.predict, ner.evaluate)."""
     add_model_arguments(parser)
     budgets = "; ".join(f"{rows} / {tokens} on {kind}" for kind, (rows, tokens) in INFERENCE_BUDGETS.items())
-    parser.add_argument("--batch-size", type=int, default=None,
-                        help=f"windows per forward pass at most (default, with --max-tokens: {budgets})")
-    parser.add_argument("--max-tokens", type=int, default=None,
+    parser.add_argument("--batch-size", type=int, default=0,
+                        help=f"windows per forward pass at most; 0: auto, by device (with --max-tokens: {budgets})")
+    parser.add_argument("--max-tokens", type=int, default=0,
                         help="padded tokens per forward pass: every pass of padded width W has max_tokens // W rows "
-                             "(at most --batch-size), whatever else is tagged (default: by device, as --batch-size)")
+                             "(at most --batch-size), whatever else is tagged; 0: auto, by device, as --batch-size; "
+                             f"{NO_TOKEN_BUDGET}: none, --batch-size windows a pass whatever their width")
 
 
 # ----------------------------------------------------------------------------- --runtime auto

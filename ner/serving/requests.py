@@ -14,7 +14,7 @@ class Limits(BatchLimits):
 
     max_request_bytes: int = MIB
     max_texts: int = 256
-    max_text_chars: int = 100_000  # about 17 s of the CoNLL MiniLM on 2 cores: under --request-timeout
+    max_text_chars: int = 100_000  # one such text stays under --request-timeout (docs/serving.md, "Long texts")
 
 
 class BadRequest(Exception):

@@ -22,8 +22,9 @@ AUTO_TARGET_UPDATES, AUTO_MIN_EPOCHS, AUTO_MAX_EPOCHS = 1500, 3, 10
 # (sentences, padded tokens) per device per micro-batch by device type, where --batch-size / --max-tokens are auto,
 # as INFERENCE_BUDGETS is for inference. 32 x 128 tokens: a micro-batch of full windows just fits the budget, so
 # the sentence count decides. CPU: measured (docs/defaults.md). CUDA: reasoned, until a run on a GPU measures it: the
-# H200's update is host-bound (34 ms, 0.2% MFU), so 4x the data per update costs about the same time per update
-# and a quarter of the updates, in about 2 GB of activations for MiniLM and 7 GB for BERT-base (docs/defaults.md).
+# H200's update is host-bound (the GPU mostly idle), so 4x the data per update costs about the same time per update
+# and a quarter of the updates, in a few GB of activations for MiniLM and BERT-base (figures: docs/defaults.md, "On a
+# GPU").
 TRAINING_BUDGETS = {"cpu": (AUTO_SENTENCES_PER_BATCH, 4096), "cuda": (4 * AUTO_SENTENCES_PER_BATCH, 16384)}
 
 
@@ -69,8 +70,8 @@ def auto_attention(device_type: str) -> str:
 
 def auto_compile(device_type: str) -> str:
     """torch.compile where it was measured faster over a whole run, compile time included, F1 no worse: nowhere
-    yet. On a 2-core CPU compiling cost 9x a 3,000-sentence epoch and the compiled steps ran no faster; GPUs are
-    not measured yet (docs/performance.md, "Compiled steps")."""
+    yet. On a 2-core CPU compiling cost many times a 3,000-sentence epoch and the compiled steps ran no faster;
+    GPUs are not measured yet (docs/performance.md, "Compiled steps")."""
     return "off"
 
 
@@ -87,8 +88,8 @@ def resolve_auto(cfg: TrainConfig, *, hidden_size: int, sentences_per_window: fl
         chosen["batch_size"] = batch_size
         log.info("--batch-size auto: %d (%d sentences on %s, %.1f sentences a window)", batch_size,
                  budget_sentences, device_type, sentences_per_window)
-    max_tokens = budget_tokens if cfg.max_tokens is None else cfg.max_tokens
-    if cfg.max_tokens is None:
+    max_tokens = cfg.max_tokens or budget_tokens
+    if cfg.max_tokens == 0:
         chosen["max_tokens"] = max_tokens
         log.info("--max-tokens auto: %d (on %s)", max_tokens, device_type)
     if cfg.learning_rate == 0:

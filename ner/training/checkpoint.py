@@ -126,7 +126,8 @@ def save_checkpoint(backend: Backend, output_dir: Path, step: int, model, tokeni
 
 def save_state(state: dict, path: Path) -> None:
     """torch.save without the zip format's CRC-32 of each record: the manifest's SHA-256 of every file is what
-    verify() checks, and the CRCs cost about 0.1 s per 180 MB of optimizer state on 2 cores."""
+    verify() checks, and the CRCs cost time in proportion to the optimizer state (docs/performance.md, "The floor,
+    and what is above it")."""
     crc32 = torch.serialization.get_crc32_options()
     torch.serialization.set_crc32_options(False)
     try:

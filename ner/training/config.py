@@ -20,6 +20,7 @@ import yaml
 
 from ner.backends import ACCELERATE, BACKENDS, DATA_PARALLEL, MIXED_PRECISIONS, RAW_DDP
 from ner.backends.trackers import TRACKERS, report_trackers
+from ner.data.batching import NO_TOKEN_BUDGET
 from ner.data.examples import SAMPLE_DIR
 from ner.data.formats import DATA_FORMATS
 from ner.data.spans import ALIGNMENTS
@@ -132,7 +133,8 @@ class TrainConfig:
     # May change on resume: eager and sdpa compute the same function up to float rounding, and `auto` picks per
     # device, so a checkpoint can move between CPU and GPU.
     attn_implementation: str = _opt(
-        "auto", "attention kernel; auto: eager on CPU (measured 1.2x faster there on short sentences), sdpa on GPUs",
+        "auto", "attention kernel; auto: eager on CPU (measured faster there on short sentences, docs/defaults.md), "
+        "sdpa on GPUs",
         choices=("auto", "sdpa", "eager"), resume=MAY_CHANGE)
     optimizer_impl: str = _opt("fused", "AdamW implementation: fused (one kernel), foreach (multi-tensor) or for-loop",
                                choices=("foreach", "fused", "for-loop"), resume=AddedLater("foreach"))
@@ -156,9 +158,10 @@ class TrainConfig:
     batch_size: int = _opt(
         0, "windows per device per micro-batch, an upper bound with --max-tokens; 0: auto, 32 sentences on CPU, "
         "128 on CUDA (with document context: as many windows as hold about that many sentences)", resume=MUST_MATCH)
-    max_tokens: int | None = _opt(
-        None, "padded tokens per device per micro-batch (length-aware batching); 0: fixed --batch-size; auto: by "
-        "device, 4096 on CPU (measured), 16384 on CUDA (reasoned, docs/defaults.md)", auto=True, resume=MUST_MATCH)
+    max_tokens: int = _opt(
+        0, "padded tokens per device per micro-batch (length-aware batching); 0: auto, by device, 4096 on CPU "
+        f"(measured), 16384 on CUDA (reasoned, docs/defaults.md); {NO_TOKEN_BUDGET}: none, fixed --batch-size",
+        resume=MUST_MATCH)
     pad_to_multiple_of: int = _opt(
         PAD_TO_MULTIPLE_OF, "round each batch's padded length up to a multiple of this: fewer distinct "
         "shapes for the kernel caches, so less memory and warm-up (docs/performance.md); 1: longest row only",
@@ -232,11 +235,11 @@ class TrainConfig:
         for name in positive:
             if getattr(self, name) <= 0:
                 raise UserError(f"--{_flag(name)} must be positive (got {getattr(self, name)})")
-        non_negative = ("batch_size", "max_tokens", "eval_steps", "save_steps", "logging_steps", "save_total_limit",
+        non_negative = ("batch_size", "eval_steps", "save_steps", "logging_steps", "save_total_limit",
                         "weight_decay", "max_grad_norm", "nproc", "window_stride_words", "context_tokens",
                         "early_stopping_patience")
         for name in non_negative:
-            if getattr(self, name) is not None and getattr(self, name) < 0:
+            if getattr(self, name) < 0:
                 raise UserError(f"--{_flag(name)} must be zero or more (got {getattr(self, name)})")
         if not 0.0 <= self.casing_dropout <= 1.0:
             raise UserError(f"--casing-dropout must be in [0, 1] (got {self.casing_dropout})")
@@ -247,6 +250,9 @@ class TrainConfig:
             raise UserError(f"--learning-rate must be positive, or 0 for auto (got {self.learning_rate})")
         if self.num_epochs < 0:
             raise UserError(f"--num-epochs must be positive, or 0 for auto (got {self.num_epochs})")
+        if self.max_tokens < NO_TOKEN_BUDGET:
+            raise UserError(f"--max-tokens must be positive, 0 for auto or {NO_TOKEN_BUDGET} for a fixed --batch-size "
+                            f"(got {self.max_tokens})")
         check_max_seq_length(self.max_seq_length)
         if 2 * self.context_tokens >= self.max_seq_length - 2:
             raise UserError(f"--context-tokens {self.context_tokens} leaves no room in a window of "
@@ -318,15 +324,6 @@ _FIELD_TYPES = {f.name: _base_type(t) for f, t in zip(
     dataclasses.fields(TrainConfig), typing.get_type_hints(TrainConfig).values())}
 
 
-def _or_auto(kind: type) -> Any:
-    """A flag whose value may be `auto` (None: decided once the device is known, ner.training.auto)."""
-    def parse(text: str) -> Any:
-        return None if text == "auto" else kind(text)
-
-    parse.__name__ = kind.__name__  # argparse names the type in its error message
-    return parse
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m ner.train",
@@ -336,20 +333,19 @@ def build_parser() -> argparse.ArgumentParser:
                         default=None)
     parser.add_argument("--plots", action="store_true", default=False,
                         help=f"draw {', '.join(PLOTS[:-1])} and {PLOTS[-1]} into --output-dir "
-                        "once the run has ended (about 1 s on 2 cores; `python -m ner.plot OUTPUT_DIR` draws them for "
-                        "any run, live or finished)")
+                        "once the run has ended (a cost of its own, docs/performance.md; `python -m ner.plot "
+                        "OUTPUT_DIR` draws them for any run, live or finished)")
     for f in dataclasses.fields(TrainConfig):
         if f.metadata.get("recorded"):
             continue
         kind = _FIELD_TYPES[f.name]
-        auto = f.metadata.get("auto")
-        help_text = f.metadata["help"] + f" (default: {'auto' if auto else f.default})"
+        help_text = f.metadata["help"] + f" (default: {f.default})"
         if kind is bool:
             parser.add_argument(f"--{_flag(f.name)}", action="store_true", help=help_text)
         else:
-            metavar = None if f.metadata.get("choices") else kind.__name__.upper() + ("|auto" if auto else "")
-            parser.add_argument(f"--{_flag(f.name)}", type=_or_auto(kind) if auto else kind,
-                                choices=f.metadata.get("choices"), help=help_text, metavar=metavar)
+            metavar = None if f.metadata.get("choices") else kind.__name__.upper()
+            parser.add_argument(f"--{_flag(f.name)}", type=kind, choices=f.metadata.get("choices"), help=help_text,
+                                metavar=metavar)
     parser.add_argument(f"--{RAW_DDP}", dest="backend", action="store_const", const=RAW_DDP,
                         help="plain torch DistributedDataParallel, no Accelerate (torchrun or self-spawned)")
     parser.add_argument(f"--{DATA_PARALLEL}", dest="backend", action="store_const", const=DATA_PARALLEL,
@@ -396,10 +392,10 @@ def _yaml_key(path: Path, key: Any) -> str:
 def _coerce(path: Path, key: Any, value: Any) -> Any:
     name = str(key).replace("-", "_")
     kind = _FIELD_TYPES[name]
-    metadata = dataclasses.fields(TrainConfig)[list(_FIELD_TYPES).index(name)].metadata
-    choices = metadata.get("choices")
-    if value is None or (value == "auto" and metadata.get("auto")):
-        return None
+    spec = dataclasses.fields(TrainConfig)[list(_FIELD_TYPES).index(name)]
+    choices = spec.metadata.get("choices")
+    if value is None and spec.default is None:
+        return None  # an option that may be unset; elsewhere null is refused below as not a `kind`
     ok = isinstance(value, kind) and not (kind is not bool and isinstance(value, bool))
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         value, ok = float(value), True

@@ -31,8 +31,8 @@ def export_checkpoint(checkpoint: Path, out_dir: Path, metrics: dict | None = No
     --overwrite): OUT may be an export, replaced whole but for what was never its own. `update` (OUTPUT_DIR/final at
     the end of a run): the same, but a file no record shows the export wrote is refused instead of replaced.
     `sealed_here`: the caller sealed the checkpoint a moment ago (a run's last save), so it is not read again to
-    verify it (every file hashed, the optimizer state too: about 0.35 s of a run's end on 2 cores). `refused`: see
-    add_onnx."""
+    verify it (every file hashed, the optimizer state too: a cost at every run's end, docs/performance.md,
+    "Start-up and tear-down"). `refused`: see add_onnx."""
     problem = None if sealed_here else verify(checkpoint)
     if problem is not None:
         raise UserError(f"{checkpoint}: not a complete checkpoint: {problem}")

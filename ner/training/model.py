@@ -215,7 +215,11 @@ def keep_head_rows(model: torch.nn.Module, head: torch.nn.Linear, old_id2label: 
 def restart_head(model: torch.nn.Module, head: torch.nn.Linear) -> None:
     """Give `head` the values a fresh head gets: from_pretrained's initialisation of a missing head (the model's own
     _init_weights on it, then on each module above it: ModernBERT scales its classifier there). It runs on a new
-    layer put in the head's place, since transformers 5 leaves a parameter it loaded as it is."""
+    layer put in the head's place, since transformers 5 leaves a parameter it loaded as it is.
+
+    _init_weights is private, but no public call initialises one module: initialize_weights() walks the whole model,
+    skips each module from_pretrained marked as initialised (the top one ModernBERT needs) and would re-draw any
+    parameter made since (a widened token-type table). tests/test_private_apis.py fails by name if it changes."""
     path = next(name for name, module in model.named_modules() if module is head)
     parent_path, _, attribute = path.rpartition(".")
     parent = model.get_submodule(parent_path)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ner.data.batching import NO_TOKEN_BUDGET
 from ner.data.tags import entity_types
 from ner.inference.analysis import format_errors_markdown
 from ner.metrics import format_table
@@ -11,7 +12,8 @@ from ner.training.model import PACKAGED_MODELS, is_hub_id, packaged_copy_of
 
 HYPERPARAMETERS = (
     ("num_epochs", "epochs"), ("max_steps", "max steps (-1: epochs decide)"),
-    ("batch_size", "sentences per device per micro-batch (at most)"), ("max_tokens", "padded tokens per micro-batch"),
+    ("batch_size", "sentences per device per micro-batch (at most)"),
+    ("max_tokens", f"padded tokens per micro-batch ({NO_TOKEN_BUDGET}: none, the batch size decides)"),
     ("pad_to_multiple_of", "batch widths padded to a multiple of"),
     ("gradient_accumulation_steps", "gradient accumulation steps"), ("learning_rate", "peak learning rate"),
     ("lr_scheduler", "schedule after warmup"), ("warmup_ratio", "warmup ratio"), ("weight_decay", "weight decay"),

@@ -18,7 +18,8 @@ def process_rank_from_env() -> int:
 
 def exit_now(code: int) -> NoReturn:
     """End a command's process the way the interpreter would, less its teardown: after torch and transformers,
-    freeing every module and object one at a time takes 1-2 s on 2 cores, memory the OS frees at once anyway. Other
+    freeing every module and object one at a time takes seconds (docs/performance.md, "Start-up and tear-down"),
+    for memory the OS frees at once anyway. Other
     threads are waited for and the exit handlers run (logging, trackers, temporary folders), as at a normal exit."""
     # Private APIs, each the Python face of a step the interpreter takes at exit, with no public equivalent
     # (tests/test_process.py fails if either goes or changes). threading._shutdown first runs the hooks registered

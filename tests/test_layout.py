@@ -279,10 +279,13 @@ def test_the_old_formats_path_warns_and_gives_the_new_names(monkeypatch):
         old.no_such_name  # noqa: B018 (the access is the test)
 
 
-@pytest.mark.parametrize("module", ["ner.evaluate", "ner.training.config", "ner.backends.trackers"])
+@pytest.mark.parametrize("module", ["ner.evaluate", "ner.training.config", "ner.backends.trackers",
+                                    "ner.inference.onnx_runtime", "ner.inference.openvino_runtime",
+                                    "ner.inference.cpu_threads"])
 def test_importing_a_module_that_needs_no_torch_does_not_load_it(module):
     """ner.evaluate scores tags before it loads a model (torch takes seconds to import); it reaches
-    ner.backends through training/config.py -> backends/trackers.py, so the package must not load torch either."""
+    ner.backends through training/config.py -> backends/trackers.py, so the package must not load torch either.
+    The ONNX and OpenVINO runtimes, and the thread policy they read, run where torch is not installed."""
     probe = f"import sys, {module}; print('torch' in sys.modules)"
     found = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert found.returncode == 0, found.stderr[-2000:]

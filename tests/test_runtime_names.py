@@ -16,7 +16,7 @@ NOT_RUNTIMES = {
     (DECLARED_IN, "torch"): (3, "package and module names: RUNTIME_PACKAGES, INSTALL, `in sys.modules`"),
     (DECLARED_IN, "openvino"): (4, "package names: RUNTIME_PACKAGES, INSTALL, OPENVINO_RUNTIMES read from them"),
     ("ner/inference/openvino_export.py", "openvino"): (1, "a package the static int8 export needs"),
-    ("ner/inference/runtime.py", "torch"): (2, "the module in sys.modules"),
+    ("ner/inference/cpu_threads.py", "torch"): (2, "the module in sys.modules"),
     ("ner/training/checkpoint.py", "torch"): (2, "the key of torch's RNG state in a checkpoint"),
     ("ner/training/hooks.py", "torch"): (1, "a package whose version a run records"),
     ("benchmarks/measure.py", "openvino"): (1, "the package whose matmul peak is measured"),

@@ -59,9 +59,9 @@ def inference_batch_limits(batch_size: int, max_tokens: int) -> tuple[int, int]:
     return batch_size * 2, min(max_tokens * 2, INFERENCE_TOKENS_PER_FORWARD) if max_tokens > 0 else 0
 
 
-# What computes the logits at inference (inference/runtime.py, inference/openvino_runtime.py), and the files of the
-# model folder that only it reads (the weights, config and tokenizer count for every runtime). The names are declared
-# once, here: config, command line, tables and tests read the constants.
+# What computes the logits at inference (inference/torch_runtime.py, onnx_runtime.py, openvino_runtime.py), and the
+# files of the model folder that only it reads (the weights, config and tokenizer count for every runtime). The names
+# are declared once, here: config, command line, tables and tests read the constants.
 TORCH, ONNX, ONNX_INT8, OPENVINO, OPENVINO_INT8 = RUNTIMES = ("torch", "onnx", "onnx-int8", "openvino", "openvino-int8")
 RUNTIME_FILES = {TORCH: (), ONNX: ("model.onnx",), ONNX_INT8: ("model.int8.onnx",),
                  OPENVINO: ("model.onnx",), OPENVINO_INT8: ("model.int8.xml", "model.int8.bin")}
@@ -76,6 +76,12 @@ RUNTIME_CHOICES = (AUTO_RUNTIME, *RUNTIMES)
 # besides torch's: model.onnx, model.int8.onnx and OpenVINO's static model.int8.xml, each past its accuracy gate
 FAST_RUNTIMES_FLAG = "--export-int8"
 FAST_RUNTIMES_COMMAND = "python -m ner.export {model} {model} " + FAST_RUNTIMES_FLAG + " --calibrate TRAIN_FILE"
+
+
+def export_command(model_dir: Path | str = "MODEL_DIR") -> str:
+    """The command that writes every runtime's files into `model_dir` (an export or a checkpoint's), for the errors
+    and hints that name it."""
+    return FAST_RUNTIMES_COMMAND.format(model=model_dir)
 
 
 # The ner.train flags that write each runtime's files into OUTPUT_DIR/final (checked against PyTorch, and calibrated
@@ -120,7 +126,7 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                              "(CUDA where it has the provider and the device is a GPU, else the CPU) over model.onnx / "
                              "model.int8.onnx; openvino: OpenVINO on the CPU over model.onnx (bf16 as "
                              "--mixed-precision decides); openvino-int8: model.int8.xml, OpenVINO's static int8. "
-                             + FAST_RUNTIMES_COMMAND.format(model="MODEL_DIR") + " writes every runtime's files")
+                             + export_command() + " writes every runtime's files")
 
 
 def parse_min_score(spec: str | list[str] | None) -> dict[str, float]:
@@ -246,7 +252,7 @@ def missing(runtime: str, model_dir: Path, installed=importlib.util.find_spec) -
         if installed(package) is None:
             return INSTALL[package]
     if any(not (Path(model_dir) / name).is_file() for name in RUNTIME_FILES[runtime]):
-        return FAST_RUNTIMES_COMMAND.format(model=model_dir)
+        return export_command(model_dir)
     return None
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from ner.backends import BF16, NO_MIXED_PRECISION
 from ner.errors import UserError, log_to_stderr, process_rank_from_env
+from ner.extras import install_hint
 from ner.inference.decode import DECODERS
 
 log = logging.getLogger("ner")
@@ -208,14 +209,12 @@ RUNTIME_ORDER: dict[str, tuple[tuple[str, str], ...]] = {
 CPU_CLASS_HELP = {"amx": "AMX (amx_bf16)", "avx512-vnni-bf16": "AVX-512 VNNI and BF16, no AMX",
                   "avx512-vnni": "AVX-512 VNNI without BF16", "avx2": "x86 without VNNI (AVX2-only and older)",
                   "arm": "Arm (aarch64)", "gpu": "a GPU"}
-INSTALL = {"torch": "pip install torch", "onnxruntime": 'pip install -e ".[onnx]"',
-           "openvino": 'pip install -e ".[openvino]"'}
 
 
 def install_command(runtime: str) -> str:
     """The package `runtime` needs and the command that installs it, for its one-line error."""
     package = RUNTIME_PACKAGES[runtime][0]
-    return f"{package}: {INSTALL[package]}"
+    return f"{package}: {install_hint(package)}"
 
 
 def cpu_flags(cpuinfo: str) -> frozenset[str]:
@@ -250,7 +249,7 @@ def missing(runtime: str, model_dir: Path, installed=importlib.util.find_spec) -
     """What `runtime` lacks to run this export here, as the fix (the install or export command); None: nothing."""
     for package in RUNTIME_PACKAGES[runtime]:
         if installed(package) is None:
-            return INSTALL[package]
+            return install_hint(package)
     if any(not (Path(model_dir) / name).is_file() for name in RUNTIME_FILES[runtime]):
         return export_command(model_dir)
     return None

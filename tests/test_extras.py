@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import ast
 import re
+import sys
 from pathlib import Path
 
 import pytest
 
+from ner.errors import UserError
 from ner.extras import EXTRA_PACKAGES, install_hint
+from ner.inference.options import ONNX, OPENVINO, RUNTIME_PACKAGES
 
 ROOT = Path(__file__).resolve().parents[1]
 TABLE = "ner/extras.py"
@@ -58,3 +61,24 @@ def test_no_module_but_the_table_spells_a_pip_command():
 def test_the_check_finds_a_pip_command_in_an_f_string_and_spares_docstrings():
     source = '"""pip install x"""\ndef f(p):\n    """pip install y"""\n    return f"needs {p}: pip install -e z"\n'
     assert pip_commands_spelled(source) == [4]
+
+
+def load_runtime(runtime: str, path: Path):
+    if runtime == ONNX:
+        from ner.inference.onnx_runtime import onnx_session
+
+        return onnx_session(path)
+    from ner.inference.openvino_runtime import OpenVinoRuntime
+
+    return OpenVinoRuntime(path, num_labels=3)
+
+
+@pytest.mark.parametrize("runtime, says", [
+    (ONNX, 'ONNX runtimes need onnxruntime: pip install -e ".[onnx]"'),
+    (OPENVINO, 'OpenVINO runtimes need openvino: pip install -e ".[openvino]"'),
+])
+def test_a_runtime_without_its_package_names_the_command_that_installs_it(runtime, says, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, RUNTIME_PACKAGES[runtime][0], None)  # its import now raises ImportError
+    with pytest.raises(UserError) as refused:
+        load_runtime(runtime, tmp_path / "model.onnx")
+    assert str(refused.value) == says

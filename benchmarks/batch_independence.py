@@ -9,7 +9,7 @@ byte for byte (entities and scores) with its answer inside the corpus call. Plan
 before fixed shapes (global length sort cut by the budget: a window's rows and width depend on its
 neighbours); the others are fixed_shape_plan with R(W) = clamp(TOKENS // W, 1, ROWS) rows per forward
 of width W. `--passes`: "one thread each" is what TorchRuntime does on a CPU (one pass per thread, each on one
-thread: inference/runtime.py); "all threads" runs one pass at a time on every thread, as before, for comparison.
+thread: inference/torch_runtime.py); "all threads" runs one pass at a time on every thread, as before, for comparison.
 Results: docs/performance.md, "Batch independence".
 """
 

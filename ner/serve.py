@@ -37,6 +37,7 @@ import sys
 from pathlib import Path
 
 from ner.errors import UserError, cli
+from ner.extras import install_hint
 from ner.inference.options import add_model_arguments
 from ner.process import log_to_stderr
 from ner.serving.app import create_app
@@ -185,7 +186,8 @@ def main(argv: list[str] | None = None) -> int:
         import prometheus_client  # noqa: F401
         import uvicorn
     except ImportError:
-        raise UserError('the server needs FastAPI, uvicorn and prometheus-client: pip install -e ".[serve]"') from None
+        raise UserError("the server needs FastAPI, uvicorn and prometheus-client: "
+                        f"{install_hint('fastapi', 'uvicorn', 'prometheus_client')}") from None
     if args.workers < 1:
         raise UserError(f"--workers {args.workers}: expected 1 or more")
     check_port_free(args.host, args.port)

@@ -227,7 +227,7 @@ def test_each_cpu_pass_runs_on_one_thread_of_its_own_whatever_the_process_has(ra
 def test_a_thread_started_after_the_passes_gets_the_process_threads(random_model):
     """torch.set_num_threads(1) in a pass's thread also sets the count of threads started later: a server's
     request thread must still run as many passes at once as the process has threads."""
-    from ner.inference.runtime import process_threads
+    from ner.inference.cpu_threads import process_threads
 
     tagger = Tagger(random_model, precision=NO_MIXED_PRECISION)
     with torch_threads(2):

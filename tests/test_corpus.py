@@ -323,7 +323,7 @@ def test_the_manifest_records_model_settings_computation_and_input(random_model,
 
 
 def test_a_resume_on_another_thread_count_writes_the_same_bytes(random_model, corpus, tmp_path, capsys):
-    """torch runs each CPU pass on one thread (inference/runtime.py), so the process's threads are free."""
+    """torch runs each CPU pass on one thread (inference/torch_runtime.py), so the process's threads are free."""
     out, inputs, extra = tmp_path / "out", (corpus["first"], corpus["second"]), ("--chunk-texts", "4", "--merge")
     with torch_threads(1):
         assert tag(random_model, out, *inputs, extra=extra) == 0

@@ -137,7 +137,7 @@ def test_int8_rewrite_gives_each_row_its_own_scales(trained, tmp_path):
 
     from ner.export import main as export_main
     from ner.inference.onnx_export import quantize_int8
-    from ner.inference.runtime import onnx_session
+    from ner.inference.onnx_runtime import onnx_session
 
     name, _, out = trained
     assert export_main([str(out / "final"), str(tmp_path / "onnx_export"), "--onnx"]) == 0, name

@@ -243,7 +243,7 @@ def test_layout_doc_names_every_module():
 
 # ner/ grouped by job (docs/layout.md). Imports run one way: a group may import only the groups listed
 # for it. Commands (`python -m ner.X`, the modules at the top) wire the groups together and may import any.
-SHARED = {"ner.errors", "ner.process", "ner.files", "ner.metrics", "ner.testing"}
+SHARED = {"ner.errors", "ner.process", "ner.extras", "ner.files", "ner.metrics", "ner.testing"}
 COMMANDS = {"ner", "ner.train", "ner.predict", "ner.evaluate", "ner.export", "ner.serve", "ner.plot"}
 MAY_IMPORT = {
     "shared": {"shared"},
@@ -291,10 +291,13 @@ def test_the_direction_check_catches_an_arrow_against_it():
         "ner.serving.app (serving) imports ner.training.run (training)"]
 
 
-@pytest.mark.parametrize("module", ["ner.evaluate", "ner.training.config", "ner.backends.trackers"])
+@pytest.mark.parametrize("module", ["ner.evaluate", "ner.training.config", "ner.backends.trackers",
+                                    "ner.inference.onnx_runtime", "ner.inference.openvino_runtime",
+                                    "ner.inference.cpu_threads"])
 def test_importing_a_module_that_needs_no_torch_does_not_load_it(module):
     """ner.evaluate scores tags before it loads a model (torch takes seconds to import); it reaches
-    ner.backends through training/config.py -> backends/trackers.py, so the package must not load torch either."""
+    ner.backends through training/config.py -> backends/trackers.py, so the package must not load torch either.
+    The ONNX and OpenVINO runtimes, and the thread policy they read, run where torch is not installed."""
     probe = f"import sys, {module}; print('torch' in sys.modules)"
     found = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert found.returncode == 0, found.stderr[-2000:]

@@ -19,9 +19,10 @@ from ner.data.conll import read_conll  # noqa: E402
 from ner.data.examples import Example
 from ner.evaluate import main as evaluate_main  # noqa: E402
 from ner.export import main as export_main  # noqa: E402
+from ner.inference import cpu_threads, onnx_runtime  # noqa: E402
 from ner.inference import onnx_export as export_onnx  # noqa: E402
-from ner.inference import runtime as runtimes  # noqa: E402
 from ner.inference.options import FAST_RUNTIMES_COMMAND, ONNX, ONNX_INT8, TORCH  # noqa: E402
+from ner.inference.runtime import in_order  # noqa: E402
 from ner.inference.tagger import Tagger  # noqa: E402
 from ner.predict import main as predict_main  # noqa: E402
 from ner.serve import build_parser as serve_parser  # noqa: E402
@@ -177,14 +178,21 @@ def test_export_source_must_be_a_checkpoint_or_an_export(random_model, tmp_path,
     assert "neither a checkpoint" in one_line_error(capsys)
 
 
-@pytest.mark.parametrize("available, device_type, expected", [
-    (["CUDAExecutionProvider", "CPUExecutionProvider"], "cuda", ["CUDAExecutionProvider", "CPUExecutionProvider"]),
-    (["CUDAExecutionProvider", "CPUExecutionProvider"], "cpu", ["CPUExecutionProvider"]),
-    (["AzureExecutionProvider", "CPUExecutionProvider"], "cuda", ["CPUExecutionProvider"]),
-    (["CPUExecutionProvider"], "mps", ["CPUExecutionProvider"]),
+GPU_AND_CPU = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+
+
+@pytest.mark.parametrize("available, device, providers, runs_on", [
+    (GPU_AND_CPU, "cuda", GPU_AND_CPU, "cuda"),
+    (GPU_AND_CPU, "cuda:1", GPU_AND_CPU, "cuda"),
+    (GPU_AND_CPU, None, GPU_AND_CPU, "cuda"),  # no device asked for: the GPU onnxruntime has, as torch's default
+    (GPU_AND_CPU, "cpu", ["CPUExecutionProvider"], "cpu"),
+    (["AzureExecutionProvider", "CPUExecutionProvider"], "cuda", ["CPUExecutionProvider"], "cpu"),
+    (["AzureExecutionProvider", "CPUExecutionProvider"], None, ["CPUExecutionProvider"], "cpu"),
+    (["CPUExecutionProvider"], "mps", ["CPUExecutionProvider"], "cpu"),
 ])
-def test_onnx_provider_follows_the_device_where_onnxruntime_has_it(available, device_type, expected):
-    assert runtimes.onnx_providers(available, device_type) == expected
+def test_onnx_provider_follows_the_device_where_onnxruntime_has_it(available, device, providers, runs_on):
+    assert onnx_runtime.onnx_providers(device, available) == providers
+    assert onnx_runtime.runs_on(providers) == runs_on
 
 
 @pytest.mark.parametrize("omp, torch_threads, quota, expected", [
@@ -195,36 +203,47 @@ def test_onnx_provider_follows_the_device_where_onnxruntime_has_it(available, de
     ("two", 1, 0.2, 1),    # at least one thread
 ])
 def test_onnx_threads_follow_omp_num_threads_then_torch_within_the_quota(omp, torch_threads, quota, expected):
-    assert runtimes.onnx_threads(omp, torch_threads, quota) == expected
+    assert cpu_threads.onnx_threads(omp, torch_threads, quota) == expected
 
 
 def test_cgroup_cpu_quota_reads_v2_and_v1(tmp_path):
     v2 = tmp_path / "v2"
     v2.mkdir()
     (v2 / "cpu.max").write_text("150000 100000\n")
-    assert runtimes.cgroup_cpu_quota(v2) == 1.5
+    assert cpu_threads.cgroup_cpu_quota(v2) == 1.5
     (v2 / "cpu.max").write_text("max 100000\n")
-    assert runtimes.cgroup_cpu_quota(v2) is None
+    assert cpu_threads.cgroup_cpu_quota(v2) is None
     v1 = tmp_path / "v1" / "cpu"
     v1.mkdir(parents=True)
     (v1 / "cpu.cfs_quota_us").write_text("200000\n")
     (v1 / "cpu.cfs_period_us").write_text("100000\n")
-    assert runtimes.cgroup_cpu_quota(tmp_path / "v1") == 2.0
+    assert cpu_threads.cgroup_cpu_quota(tmp_path / "v1") == 2.0
     (v1 / "cpu.cfs_quota_us").write_text("-1\n")
-    assert runtimes.cgroup_cpu_quota(tmp_path / "v1") is None
-    assert runtimes.cgroup_cpu_quota(tmp_path / "nowhere") is None
+    assert cpu_threads.cgroup_cpu_quota(tmp_path / "v1") is None
+    assert cpu_threads.cgroup_cpu_quota(tmp_path / "nowhere") is None
 
 
 def test_onnx_session_takes_the_thread_count_and_says_when_a_gpu_is_not_used(exported, monkeypatch, caplog):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    session = runtimes.onnx_session(exported / "model.onnx")
+    session = onnx_runtime.onnx_session(exported / "model.onnx")
     assert session.get_session_options().intra_op_num_threads == 1
     # idle threads sleep: spinning ones took the cores a loaded machine's passes needed (docs/performance.md)
     assert session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning") == "0"
     monkeypatch.setattr("onnxruntime.get_available_providers", lambda: ["CPUExecutionProvider"])
-    gpu = runtimes.onnx_session(exported / "model.onnx", "cuda")
+    gpu = onnx_runtime.onnx_session(exported / "model.onnx", "cuda")
     assert gpu.get_providers() == ["CPUExecutionProvider"]
     assert "ONNX runs on the CPU" in caplog.text
+
+
+def test_an_onnx_tagger_says_the_device_its_passes_run_on(exported, monkeypatch, caplog):
+    """A GPU onnxruntime has no provider for: the tagger and its runtime say the CPU (which picks the batch budget),
+    and the log says it once."""
+    caplog.set_level("WARNING")
+    monkeypatch.setattr("onnxruntime.get_available_providers", lambda: ["CPUExecutionProvider"])
+    tagger = Tagger(exported, runtime=ONNX, device="cuda:1")
+    assert tagger.device == tagger.runtime.device_type == "cpu"
+    warnings = [r.getMessage() for r in caplog.records if "runs on the CPU" in r.getMessage()]
+    assert len(warnings) == 1 and "ONNX runs on the CPU, not on cuda:1" in warnings[0], warnings
 
 
 def test_a_cpu_session_runs_without_the_skip_layer_norm_fusion_and_a_gpu_one_with_it(exported, monkeypatch):
@@ -236,12 +255,12 @@ def test_a_cpu_session_runs_without_the_skip_layer_norm_fusion_and_a_gpu_one_wit
     real = onnxruntime.InferenceSession
     monkeypatch.setattr("onnxruntime.InferenceSession",
                         lambda *a, **kw: asked.append(kw.get("disabled_optimizers")) or real(*a, **kw))
-    runtimes.onnx_session(exported / "model.int8.onnx")
+    onnx_runtime.onnx_session(exported / "model.int8.onnx")
     assert "SkipLayerNormFusion" in asked[-1]
     monkeypatch.setattr("onnxruntime.get_available_providers",
                         lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
     monkeypatch.setattr("onnxruntime.InferenceSession", lambda *a, **kw: asked.append(kw.get("disabled_optimizers")))
-    runtimes.onnx_session(exported / "model.int8.onnx", "cuda")
+    onnx_runtime.onnx_session(exported / "model.int8.onnx", "cuda")
     assert asked[-1] is None
 
 
@@ -315,7 +334,7 @@ class ShapeLog:
         return self.runtime(input_ids, attention_mask, token_type_ids)
 
     def map(self, batches):
-        return runtimes.in_order(self, batches)
+        return in_order(self, batches)
 
 
 def same_width_neighbours(tagger, text: str) -> list[str]:

@@ -103,10 +103,10 @@ def test_bf16_on_a_cpu_without_bf16_units_runs_fp32_and_says_so(exported, runtim
 @pytest.mark.parametrize("runtime,precision", RUNS)
 def test_each_pass_runs_on_one_thread_and_the_bytes_do_not_depend_on_the_threads(exported, runtime, precision,
                                                                                   monkeypatch):
-    from ner.inference import runtime as runtimes
+    from ner.inference import cpu_threads
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # the streams follow torch's threads, as on a bare machine
-    monkeypatch.setattr(runtimes, "cgroup_cpu_quota", lambda: None)
+    monkeypatch.setattr(cpu_threads, "cgroup_cpu_quota", lambda: None)
     answers = {}
     for threads in (1, 2):
         with torch_threads(threads):

@@ -28,8 +28,7 @@ from ner.backends import NO_MIXED_PRECISION  # noqa: E402
 from ner.data.batching import NO_TOKEN_BUDGET  # noqa: E402
 from ner.evaluate import main as evaluate_main  # noqa: E402
 from ner.inference.model_folder import model_version  # noqa: E402
-from ner.inference.options import RUNTIME_FILES, RUNTIME_TRAIN_FLAGS, RUNTIMES  # noqa: E402
-from ner.inference.runtime import export_command  # noqa: E402
+from ner.inference.options import RUNTIME_FILES, RUNTIME_TRAIN_FLAGS, RUNTIMES, export_command  # noqa: E402
 from ner.predict import main as predict_main  # noqa: E402
 from ner.serve import main as serve_main  # noqa: E402
 from ner.serving.app import create_app  # noqa: E402
@@ -207,7 +206,7 @@ def one_line_naming_the_export(capsys, runtime: str) -> str:
     captured = capsys.readouterr()
     err = captured.err.strip()
     assert err.startswith("error: ") and "\n" not in err and "Traceback" not in err, err
-    assert export_command(runtime) in err and RUNTIME_FILES[runtime][0] in err and captured.out == ""
+    assert export_command() in err and RUNTIME_FILES[runtime][0] in err and captured.out == ""
     return err
 
 

@@ -13,10 +13,13 @@ DECLARED_IN = "ner/inference/options.py"
 
 # The strings equal to a runtime's name that stand for something else: (file, string) -> (how many, why)
 NOT_RUNTIMES = {
-    (DECLARED_IN, "torch"): (3, "package and module names: RUNTIME_PACKAGES, INSTALL, `in sys.modules`"),
-    (DECLARED_IN, "openvino"): (4, "package names: RUNTIME_PACKAGES, INSTALL, OPENVINO_RUNTIMES read from them"),
+    (DECLARED_IN, "torch"): (2, "package and module names: RUNTIME_PACKAGES, `in sys.modules`"),
+    (DECLARED_IN, "openvino"): (3, "package names: RUNTIME_PACKAGES, OPENVINO_RUNTIMES read from them"),
+    ("ner/extras.py", "torch"): (1, "a package INSTALL names"),
+    ("ner/extras.py", "onnx"): (2, "an extra of pyproject.toml and a package it brings"),
+    ("ner/extras.py", "openvino"): (2, "an extra of pyproject.toml and a package it brings"),
     ("ner/inference/openvino_export.py", "openvino"): (1, "a package the static int8 export needs"),
-    ("ner/inference/runtime.py", "torch"): (2, "the module in sys.modules"),
+    ("ner/inference/cpu_threads.py", "torch"): (2, "the module in sys.modules"),
     ("ner/training/checkpoint.py", "torch"): (2, "the key of torch's RNG state in a checkpoint"),
     ("ner/training/hooks.py", "torch"): (1, "a package whose version a run records"),
     ("benchmarks/measure.py", "openvino"): (1, "the package whose matmul peak is measured"),

@@ -254,7 +254,8 @@ def test_spacy_docbin_without_spacy_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "spacy", None)  # import spacy now raises ImportError
     path = tmp_path / "train.spacy"
     path.write_bytes(b"\x78\x9c")
-    with pytest.raises(UserError, match=r"train.spacy: reading a spaCy DocBin needs spaCy: pip install 'ner\[spacy\]'"):
+    with pytest.raises(UserError, match=r"train.spacy: reading a spaCy DocBin needs spaCy: "
+                                        r'pip install -e "\.\[spacy\]"'):
         read_examples(path)
 
 

@@ -20,6 +20,7 @@ from accelerate.utils import InitProcessGroupKwargs, gather_object
 from ner.backends import BF16, FP16, resolve_precision, scale_held, scale_on_device
 from ner.backends.trackers import TRACKERS, TRACKERS_DIR, report_trackers
 from ner.errors import UserError
+from ner.extras import install_hint
 
 log = logging.getLogger("ner")
 
@@ -39,7 +40,7 @@ def chosen_trackers(report_to: str) -> list[str]:
     missing = [name for name in names if not tracker_installed(name)]
     if missing:
         raise UserError(f"--report-to {report_to}: {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} "
-                        f"not installed (pip install {' '.join(missing)}), or drop "
+                        f"not installed ({install_hint(*missing)}), or drop "
                         f"{'it' if len(missing) == 1 else 'them'}: metrics.jsonl has the same numbers")
     return names
 

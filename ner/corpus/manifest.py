@@ -62,7 +62,7 @@ def computation(tagger, args: argparse.Namespace) -> dict:
 
 def intra_op_threads(runtime) -> int:
     """The threads one CPU operator uses: the ONNX session's own setting; torch's passes run on one thread
-    each, however many run at once (inference/runtime.py), so the process's thread count is free."""
+    each, however many run at once (inference/torch_runtime.py), so the process's thread count is free."""
     if hasattr(runtime, "session"):
         return runtime.session.get_session_options().intra_op_num_threads
     return runtime.threads_per_forward

@@ -5,7 +5,7 @@
                   skipped, and its "tokens" are kept as the words), and a span may be
                   {"start": .., "end": .., "label": ..}
     Label Studio  its JSON export (a list of tasks): the latest annotation of each task
-    spaCy         a .spacy DocBin (needs spaCy: pip install 'ner[spacy]')
+    spaCy         a .spacy DocBin (needs spaCy: pip install -e ".[spacy]")
 
 spans.py turns the records into words with tags (and tags back into spans).
 """
@@ -25,6 +25,7 @@ from ner.data.spans import SPAN_HELP, SPAN_KEYS, Span, SpanRecord
 from ner.data.text import Word
 from ner.data.text_files import read_utf8
 from ner.errors import UserError, at
+from ner.extras import install_hint
 
 log = logging.getLogger("ner")
 _LABEL = re.compile(r"^\S+$")
@@ -182,7 +183,7 @@ def read_docbin(path: Path) -> list[SpanRecord]:
         import spacy
         from spacy.tokens import DocBin
     except ImportError:
-        raise UserError(f"{path}: reading a spaCy DocBin needs spaCy: pip install 'ner[spacy]' "
+        raise UserError(f"{path}: reading a spaCy DocBin needs spaCy: {install_hint('spacy')} "
                         "(or export the data as span JSONL)") from None
     try:
         docs = list(DocBin().from_disk(path).get_docs(spacy.blank("xx").vocab))

@@ -6,7 +6,10 @@ ner.evaluate, ner.serve and corpus tagging. Imports data, backends and the share
     entities.py     tagged words -> entities with scores, the --min-score filter
     options.py      the inference options (--runtime, --max-seq-length, ...), per-device forward budgets, and the
                     runtime --runtime auto picks by CPU class (one table of measurements)
-    runtime.py      what computes the logits: PyTorch, or onnxruntime over model.onnx / model.int8.onnx
+    runtime.py      what every runtime (torch, ONNX, OpenVINO) keeps to: the call, passes in order or at once
+    torch_runtime.py  PyTorch over the weights, one thread a pass on a CPU
+    onnx_runtime.py   onnxruntime over model.onnx / model.int8.onnx, on the provider it picks for the device
+    cpu_threads.py  the CPU threads a runtime uses: OMP_NUM_THREADS, else torch's count within the CPU quota
     openvino_runtime.py  OpenVINO over model.onnx (bf16 where the CPU has it) or the static model.int8.xml
     decode.py       per-word scores -> tags: argmax, or Viterbi over the sequences the scheme allows
     onnx_export.py  writing and checking the ONNX files (fp32, per-token int8)

@@ -28,8 +28,9 @@ from ner.data.examples import Example
 from ner.errors import UserError
 from ner.files import staged_file
 from ner.inference.model_folder import ModelSettings
+from ner.inference.onnx_runtime import onnx_session
 from ner.inference.options import ONNX, ONNX_INT8, OPENVINO_INT8, RUNTIME_FILES, RUNTIMES
-from ner.inference.runtime import first_line, onnx_session
+from ner.inference.runtime import first_line
 
 MAX_LOGIT_DIFF = 1e-3
 # int8 noise flips words whose two best tags are close, and entity words are where that happens, so they

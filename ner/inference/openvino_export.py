@@ -21,6 +21,7 @@ import numpy as np
 from ner.data.encode import collate, model_inputs
 from ner.data.examples import Example
 from ner.errors import UserError
+from ner.extras import install_hint
 from ner.inference.options import ONNX, OPENVINO_INT8, PAD_TO_MULTIPLE_OF, RUNTIME_FILES
 
 log = logging.getLogger("ner")
@@ -35,7 +36,7 @@ def require_packages(asker: str) -> None:
 
     if not all(importlib.util.find_spec(name) for name in STATIC_INT8_PACKAGES):
         raise UserError(f"{asker} needs {', '.join(STATIC_INT8_PACKAGES[:-1])} and {STATIC_INT8_PACKAGES[-1]}: "
-                        'pip install -e ".[openvino]"')
+                        f"{install_hint('nncf')}")  # its extra brings the other two
 
 
 def calibration_batches(model_dir: Path, examples: list[Example]) -> list[dict[str, np.ndarray]]:

@@ -8,7 +8,7 @@ OpenVINO fuses the transformer's operators itself (attention, LayerNorm, GELU) a
 and AMX, int8 on VNNI and AMX. The int8 model's activation scales are constants calibrated at export
 (ner/inference/openvino_export.py), so a text's numbers never depend on what shares its forward.
 
-As with torch on a CPU (ner/inference/runtime.py), every pass runs on one thread and as many passes run at
+As with torch on a CPU (ner/inference/torch_runtime.py), every pass runs on one thread and as many passes run at
 once as the process may use threads: one OpenVINO stream of one thread each. A kernel's blocking, and so its
 summation order, then never depends on the thread count, and a window's numbers are a function of its
 pass's shape alone. Like the ONNX runtimes, this path never imports torch.
@@ -24,8 +24,9 @@ from pathlib import Path
 import numpy as np
 
 from ner.errors import UserError
-from ner.inference.options import ONNX, OPENVINO, TORCH, install_command
-from ner.inference.runtime import Batch, export_command, first_line, passes_at_once, runtime_threads, warn_runs_on_cpu
+from ner.inference.cpu_threads import runtime_threads
+from ner.inference.options import ONNX, OPENVINO, TORCH, export_command, install_command
+from ner.inference.runtime import Batch, first_line, passes_at_once, warn_runs_on_cpu
 
 
 def cpu_capabilities(core) -> list[str]:
@@ -67,7 +68,7 @@ class OpenVinoRuntime:
             self.compiled = core.compile_model(str(path), "CPU", config)
         except Exception as exc:  # OpenVINO raises RuntimeError subclasses of its own
             raise UserError(f"{path}: not a model OpenVINO can read ({first_line(exc)}); re-export it: "
-                            f"{export_command(runtime)}") from None
+                            f"{export_command()}") from None
         self.input_names = {port.any_name for port in self.compiled.inputs}
         self.num_labels = num_labels
         self._requests = threading.local()  # one infer request per thread that runs passes

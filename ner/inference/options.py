@@ -19,6 +19,7 @@ from pathlib import Path
 from ner.backends import BF16, NO_MIXED_PRECISION
 from ner.data.batching import NO_TOKEN_BUDGET
 from ner.errors import UserError
+from ner.extras import install_hint
 from ner.inference.decode import DECODERS
 from ner.process import log_to_stderr, process_rank_from_env
 
@@ -63,9 +64,9 @@ def inference_batch_limits(batch_size: int, max_tokens: int) -> tuple[int, int]:
     return batch_size * 2, min(max_tokens * 2, INFERENCE_TOKENS_PER_FORWARD) if max_tokens > 0 else NO_TOKEN_BUDGET
 
 
-# What computes the logits at inference (inference/runtime.py, inference/openvino_runtime.py), and the files of the
-# model folder that only it reads (the weights, config and tokenizer count for every runtime). The names are declared
-# once, here: config, command line, tables and tests read the constants.
+# What computes the logits at inference (inference/torch_runtime.py, onnx_runtime.py, openvino_runtime.py), and the
+# files of the model folder that only it reads (the weights, config and tokenizer count for every runtime). The names
+# are declared once, here: config, command line, tables and tests read the constants.
 TORCH, ONNX, ONNX_INT8, OPENVINO, OPENVINO_INT8 = RUNTIMES = ("torch", "onnx", "onnx-int8", "openvino", "openvino-int8")
 RUNTIME_FILES = {TORCH: (), ONNX: ("model.onnx",), ONNX_INT8: ("model.int8.onnx",),
                  OPENVINO: ("model.onnx",), OPENVINO_INT8: ("model.int8.xml", "model.int8.bin")}
@@ -80,6 +81,12 @@ RUNTIME_CHOICES = (AUTO_RUNTIME, *RUNTIMES)
 # besides torch's: model.onnx, model.int8.onnx and OpenVINO's static model.int8.xml, each past its accuracy gate
 FAST_RUNTIMES_FLAG = "--export-int8"
 FAST_RUNTIMES_COMMAND = "python -m ner.export {model} {model} " + FAST_RUNTIMES_FLAG + " --calibrate TRAIN_FILE"
+
+
+def export_command(model_dir: Path | str = "MODEL_DIR") -> str:
+    """The command that writes every runtime's files into `model_dir` (an export or a checkpoint's), for the errors
+    and hints that name it."""
+    return FAST_RUNTIMES_COMMAND.format(model=model_dir)
 
 
 # The ner.train flags that write each runtime's files into OUTPUT_DIR/final (checked against PyTorch, and calibrated
@@ -124,7 +131,7 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                              "(CUDA where it has the provider and the device is a GPU, else the CPU) over model.onnx / "
                              "model.int8.onnx; openvino: OpenVINO on the CPU over model.onnx (bf16 as "
                              "--mixed-precision decides); openvino-int8: model.int8.xml, OpenVINO's static int8. "
-                             + FAST_RUNTIMES_COMMAND.format(model="MODEL_DIR") + " writes every runtime's files")
+                             + export_command() + " writes every runtime's files")
 
 
 def parse_min_score(spec: str | list[str] | None) -> dict[str, float]:
@@ -207,14 +214,12 @@ RUNTIME_ORDER: dict[str, tuple[tuple[str, str], ...]] = {
 CPU_CLASS_HELP = {"amx": "AMX (amx_bf16)", "avx512-vnni-bf16": "AVX-512 VNNI and BF16, no AMX",
                   "avx512-vnni": "AVX-512 VNNI without BF16", "avx2": "x86 without VNNI (AVX2-only and older)",
                   "arm": "Arm (aarch64)", "gpu": "a GPU"}
-INSTALL = {"torch": "pip install torch", "onnxruntime": 'pip install -e ".[onnx]"',
-           "openvino": 'pip install -e ".[openvino]"'}
 
 
 def install_command(runtime: str) -> str:
     """The package `runtime` needs and the command that installs it, for its one-line error."""
     package = RUNTIME_PACKAGES[runtime][0]
-    return f"{package}: {INSTALL[package]}"
+    return f"{package}: {install_hint(package)}"
 
 
 def cpu_flags(cpuinfo: str) -> frozenset[str]:
@@ -249,9 +254,9 @@ def missing(runtime: str, model_dir: Path, installed=importlib.util.find_spec) -
     """What `runtime` lacks to run this export here, as the fix (the install or export command); None: nothing."""
     for package in RUNTIME_PACKAGES[runtime]:
         if installed(package) is None:
-            return INSTALL[package]
+            return install_hint(package)
     if any(not (Path(model_dir) / name).is_file() for name in RUNTIME_FILES[runtime]):
-        return FAST_RUNTIMES_COMMAND.format(model=model_dir)
+        return export_command(model_dir)
     return None
 
 

@@ -3,8 +3,9 @@
 Training's evaluation (ner/training/evaluation.py, sharded over ranks), `ner.predict`,
 `ner.evaluate` and the benchmarks (`Tagger`, one process) all run `predict_word_scores`, then
 the same merge (each word from the window that owns it) and decoding (ner/inference/decode.py). What computes
-the logits is a runtime (ner/inference/runtime.py): the PyTorch model, or `Tagger(..., runtime="onnx"|"onnx-int8")`,
-or OpenVINO (`"openvino"|"openvino-int8"`, ner/inference/openvino_runtime.py).
+the logits is a runtime (ner/inference/runtime.py): the PyTorch model (torch_runtime.py), an ONNX export
+(`Tagger(..., runtime="onnx"|"onnx-int8")`, onnx_runtime.py), or OpenVINO (`"openvino"|"openvino-int8"`,
+openvino_runtime.py).
 
     from ner.inference.tagger import Tagger
     tags, probabilities = Tagger("runs/ner/final").tag(examples)
@@ -32,6 +33,7 @@ from ner.errors import UserError
 from ner.inference.decode import Decoder
 from ner.inference.entities import drop_below, entities
 from ner.inference.model_folder import ModelSettings, max_positions, model_labels, read_model_json
+from ner.inference.onnx_runtime import OnnxRuntime
 from ner.inference.openvino_runtime import OpenVinoRuntime
 from ner.inference.options import (
     OPENVINO_RUNTIMES,
@@ -43,7 +45,8 @@ from ner.inference.options import (
     parse_min_score,
     resolve_runtime,
 )
-from ner.inference.runtime import OnnxRuntime, TorchRuntime, onnx_device_type, runtime_path
+from ner.inference.runtime import runtime_path
+from ner.inference.torch_runtime import TorchRuntime
 
 log = logging.getLogger("ner")
 
@@ -120,16 +123,17 @@ class Tagger:
         self.min_score = parse_min_score(min_score if min_score is not None else self.settings.min_score)
 
     def _load_runtime(self, model_dir: Path, num_labels: int, device: str | None, precision: str) -> Runtime:
-        """Sets `device` and `precision` too: for ONNX, the device type as a string and "no" (no autocast)."""
+        """Sets `device` and `precision` too: for ONNX and OpenVINO, the device type the passes run on, as a string,
+        and the precision they run in ("no" for ONNX: no autocast)."""
         if self.runtime_name in OPENVINO_RUNTIMES:  # the CPU, and no torch either
-            self.device = "cpu"
             runtime = OpenVinoRuntime(runtime_path(model_dir, self.runtime_name), num_labels, precision,
                                       self.runtime_name, device)
-            self.precision = runtime.precision
+            self.device, self.precision = runtime.device_type, runtime.precision
             return runtime
         if self.runtime_name != TORCH:  # the ONNX file alone: the PyTorch weights (and torch) are never loaded
-            self.device, self.precision = onnx_device_type(device), "no"
-            return OnnxRuntime(runtime_path(model_dir, self.runtime_name), num_labels, self.device)
+            runtime = OnnxRuntime(runtime_path(model_dir, self.runtime_name), num_labels, device)
+            self.device, self.precision = runtime.device_type, "no"
+            return runtime
         import torch
         from transformers import AutoModelForTokenClassification
 

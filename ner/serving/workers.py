@@ -42,9 +42,9 @@ def run_workers(args: argparse.Namespace, argv: list[str], options: ServeOptions
 @contextmanager
 def workers_environment(workers: int, argv: list[str]) -> Iterator[Path]:
     """The environment the spawned workers start from, restored afterwards; yields the marks folder. Each worker
-    runs its model on cores/N threads (OMP_NUM_THREADS, read by torch and by the ONNX runtimes): N processes each
-    taking every core would fight over them. The workers' metrics meet in a PROMETHEUS_MULTIPROC_DIR made here
-    (one given is kept); the folders made here are removed."""
+    runs its model on cores/N threads (OMP_NUM_THREADS, read by torch and by the ONNX and OpenVINO runtimes,
+    ner/inference/cpu_threads.py): N processes each taking every core would fight over them. The workers' metrics
+    meet in a PROMETHEUS_MULTIPROC_DIR made here (one given is kept); the folders made here are removed."""
     import json
     import shutil
     import tempfile

@@ -25,6 +25,7 @@ from ner.data.examples import SAMPLE_DIR
 from ner.data.formats import DATA_FORMATS
 from ner.data.spans import ALIGNMENTS
 from ner.errors import UserError
+from ner.extras import install_hint
 from ner.inference.decode import DECODERS
 from ner.inference.options import (
     CONTEXTS,
@@ -203,7 +204,7 @@ class TrainConfig:
         "and model.int8.xml (OpenVINO's static int8, calibrated on the training data), each checked against PyTorch, "
         "for --runtime onnx, onnx-int8, openvino and openvino-int8, of which --runtime auto picks the fastest here; a "
         "file its check refuses is left out and named in the summary, and the run still ends as finished "
-        "(pip install -e \".[openvino]\"; ner.export has the same flag)", resume=MAY_CHANGE)
+        f"({install_hint('nncf')}; ner.export has the same flag)", resume=MAY_CHANGE)
     output_dir: str = _opt("runs/ner", "where checkpoints, the final export and metrics go", resume=MAY_CHANGE)
     overwrite_output_dir: bool = _opt(
         False, "replace the run in --output-dir: removes only what a run writes (checkpoints/, final/, metrics.jsonl, "

@@ -16,8 +16,8 @@ from ner.data.encode import Feature, fixed_shape_plan, merge_predictions
 from ner.data.examples import Example
 from ner.inference.decode import Decoder
 from ner.inference.options import inference_batch_limits
-from ner.inference.runtime import TorchRuntime
 from ner.inference.tagger import Progress, no_progress, predict_word_scores
+from ner.inference.torch_runtime import TorchRuntime
 
 if TYPE_CHECKING:
     import torch

@@ -1,0 +1,34 @@
+"""The optional packages ner imports only where a run asks for them, and the command that installs each: the one
+table the one-line errors and hints that name a missing package read (a shared leaf: data readers, runtimes,
+training's flags and the commands alike).
+
+    pip install -e ".[onnx]"        # --runtime onnx|onnx-int8, ner.export --onnx
+    pip install -e ".[openvino]"    # --runtime openvino|openvino-int8, --export-int8, --calibrate
+    pip install -e ".[serve]"       # ner.serve
+"""
+
+from __future__ import annotations
+
+# pyproject.toml's extras (which pin the tested versions) -> the packages each brings, by the names code imports
+EXTRA_PACKAGES = {
+    "serve": ("fastapi", "uvicorn", "prometheus_client"),
+    "onnx": ("onnx", "onnxruntime"),
+    "openvino": ("openvino", "nncf"),
+    "spacy": ("spacy",),
+    "ray": ("ray",),
+}
+# import name -> the command that installs it; torch is a dependency of ner, missing only where an ONNX or OpenVINO
+# deployment left it out
+INSTALL = {"torch": "pip install torch",
+           **{package: f'pip install -e ".[{extra}]"' for extra, packages in EXTRA_PACKAGES.items()
+              for package in packages}}
+
+
+def install_hint(*packages: str) -> str:
+    """The command that installs `packages`: each one's extra, named once, and the packages no extra brings (a
+    tracker, say) by name in one pip command; several commands are joined by "; "."""
+    commands = dict.fromkeys(INSTALL[package] for package in packages if package in INSTALL)
+    others = [package for package in packages if package not in INSTALL]
+    if others:
+        commands[f"pip install {' '.join(others)}"] = None
+    return "; ".join(commands)

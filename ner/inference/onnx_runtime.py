@@ -73,17 +73,17 @@ def onnx_session(path: Path, device: str | None = "cpu"):
     options.intra_op_num_threads = runtime_threads()
     options.log_severity_level = 3  # errors only: graph-optimisation notices are not the user's business
     # Idle intra-op threads sleep instead of spinning: with other processes on the cores, spinning threads took the
-    # CPU that the pass and the caller's Python needed (int8 passes 2.4-3.4x faster without it on a loaded 2-core
-    # EPYC; docs/performance.md, "Where inference time goes"). The numbers do not change: only how threads wait.
+    # CPU that the pass and the caller's Python needed (measured in docs/performance.md, "Where inference time goes").
+    # The numbers do not change: only how threads wait.
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     available = onnxruntime.get_available_providers()
     providers = onnx_providers(device, available)
     if providers == [CPU_PROVIDER]:
         warn_runs_on_cpu(path, device, "ONNX", f"onnxruntime has no provider for it here (it has "
                          f"{', '.join(available)}; onnxruntime-gpu provides CUDAExecutionProvider)")
-    # On the CPU, Add + LayerNormalization stay two operators: onnxruntime's fused SkipLayerNormalization kernel took
-    # 0.26 s where the two took 0.06 s in the int8 graph (a 1.24x faster int8 pass, the same argmax as fp32 on 99.6% of
-    # tokens either way; docs/performance.md). The fp32 graph has no such fusion left to lose.
+    # On the CPU, Add + LayerNormalization stay two operators: onnxruntime's fused SkipLayerNormalization kernel was
+    # slower than the two in the int8 graph, with the same argmax either way (docs/performance.md, "Where inference
+    # time goes"). The fp32 graph has no such fusion left to lose.
     disabled = list(CPU_DISABLED_FUSIONS) if providers == [CPU_PROVIDER] else None
     try:
         return onnxruntime.InferenceSession(str(path), options, providers=providers, disabled_optimizers=disabled)

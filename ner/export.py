@@ -31,6 +31,7 @@ from pathlib import Path
 
 from ner.data.formats import read_examples
 from ner.errors import UserError, cli
+from ner.extras import EXTRA_PACKAGES, require
 from ner.inference.openvino_export import require_packages
 from ner.inference.options import FAST_RUNTIMES_FLAG
 from ner.training.export import export_any, export_fast_runtimes
@@ -72,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.calibrate and not args.quantize:
         raise UserError(f"--calibrate FILE calibrates the static int8 model: pass {FAST_RUNTIMES_FLAG} (or --onnx "
                         "--quantize int8) too")
+    if args.onnx:
+        require("--onnx", *EXTRA_PACKAGES["onnx"])
     if args.calibrate:
         require_packages("--calibrate")
     calibration = read_examples(args.calibrate) if args.calibrate else None

@@ -9,6 +9,10 @@ training's flags and the commands alike).
 
 from __future__ import annotations
 
+import importlib.util
+
+from ner.errors import UserError
+
 # pyproject.toml's extras (which pin the tested versions) -> the packages each brings, by the names code imports
 EXTRA_PACKAGES = {
     "serve": ("fastapi", "uvicorn", "prometheus_client"),
@@ -32,3 +36,12 @@ def install_hint(*packages: str) -> str:
     if others:
         commands[f"pip install {' '.join(others)}"] = None
     return "; ".join(commands)
+
+
+def require(asker: str, *packages: str, hint: str | None = None) -> None:
+    """A one-line error naming what `asker` needs and the command that installs it (`hint`, else install_hint's),
+    unless every package is there: asked before any work, not after it."""
+    if all(importlib.util.find_spec(package) for package in packages):
+        return
+    names = f"{', '.join(packages[:-1])} and {packages[-1]}" if len(packages) > 1 else packages[0]
+    raise UserError(f"{asker} needs {names}: {hint or install_hint(*packages)}")

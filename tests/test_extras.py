@@ -82,3 +82,16 @@ def test_a_runtime_without_its_package_names_the_command_that_installs_it(runtim
     with pytest.raises(UserError) as refused:
         load_runtime(runtime, tmp_path / "model.onnx")
     assert str(refused.value) == says
+
+
+def test_an_onnx_export_without_onnx_stops_before_writing_and_names_the_command(tmp_path, monkeypatch, capsys):
+    import importlib.util
+
+    from ner import export
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "onnx" else real_find_spec(name, *a))
+    out = tmp_path / "exported"
+    assert export.main([str(tmp_path / "no_model"), str(out), "--onnx"]) == 2
+    assert capsys.readouterr().err.strip() == 'error: --onnx needs onnx and onnxruntime: pip install -e ".[onnx]"'
+    assert not out.exists()

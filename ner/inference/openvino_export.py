@@ -21,7 +21,7 @@ import numpy as np
 from ner.data.encode import collate, model_inputs
 from ner.data.examples import Example
 from ner.errors import UserError
-from ner.extras import install_hint
+from ner.extras import install_hint, require
 from ner.inference.options import ONNX, OPENVINO_INT8, PAD_TO_MULTIPLE_OF, RUNTIME_FILES
 
 log = logging.getLogger("ner")
@@ -32,11 +32,7 @@ STATIC_INT8_PACKAGES = ("onnxruntime", "openvino", "nncf")  # onnxruntime: model
 def require_packages(asker: str) -> None:
     """A one-line error naming the extra to install unless the static int8 export's packages are there: asked
     before any export or training work, not after it."""
-    import importlib.util
-
-    if not all(importlib.util.find_spec(name) for name in STATIC_INT8_PACKAGES):
-        raise UserError(f"{asker} needs {', '.join(STATIC_INT8_PACKAGES[:-1])} and {STATIC_INT8_PACKAGES[-1]}: "
-                        f"{install_hint('nncf')}")  # its extra brings the other two
+    require(asker, *STATIC_INT8_PACKAGES, hint=install_hint("nncf"))  # its extra brings the other two
 
 
 def calibration_batches(model_dir: Path, examples: list[Example]) -> list[dict[str, np.ndarray]]:

@@ -90,7 +90,8 @@ def test_an_onnx_export_without_onnx_stops_before_writing_and_names_the_command(
     from ner import export
 
     real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "onnx" else real_find_spec(name, *a))
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *rest: None if name == "onnx" else real_find_spec(name, *rest))
     out = tmp_path / "exported"
     assert export.main([str(tmp_path / "no_model"), str(out), "--onnx"]) == 2
     assert capsys.readouterr().err.strip() == 'error: --onnx needs onnx and onnxruntime: pip install -e ".[onnx]"'

@@ -195,6 +195,16 @@ def test_onnx_provider_follows_the_device_where_onnxruntime_has_it(available, de
     assert onnx_runtime.runs_on(providers) == runs_on
 
 
+@pytest.mark.parametrize("device, providers, options", [
+    ("cuda:1", GPU_AND_CPU, [{"device_id": "1"}, {}]),  # a corpus process's own GPU
+    ("cuda", GPU_AND_CPU, [{}, {}]),
+    (None, GPU_AND_CPU, [{}, {}]),
+    ("cuda:1", ["CPUExecutionProvider"], [{}]),  # no GPU provider: nothing to number
+])
+def test_an_onnx_session_runs_on_the_gpu_index_asked_for(device, providers, options):
+    assert onnx_runtime.provider_options(device, providers) == options
+
+
 @pytest.mark.parametrize("omp, torch_threads, quota, expected", [
     ("3", 16, 2.0, 3),     # the user's OMP_NUM_THREADS wins (torch reads it too)
     (None, 16, 2.5, 3),    # torch's count, capped by a 2.5-CPU quota (rounded up)

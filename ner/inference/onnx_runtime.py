@@ -57,6 +57,13 @@ def onnx_providers(device: str | None, available: list[str]) -> list[str]:
     return [gpu, CPU_PROVIDER] if gpu else [CPU_PROVIDER]
 
 
+def provider_options(device: str | None, providers: list[str]) -> list[dict[str, str]]:
+    """Each provider's options: the GPU's index ("cuda:1" -> device_id 1, as torch numbers them; a corpus process
+    runs on its own GPU), else onnxruntime's defaults (GPU 0)."""
+    index = device.split(":")[1] if device and ":" in device else None
+    return [{"device_id": index} if index is not None and provider != CPU_PROVIDER else {} for provider in providers]
+
+
 def runs_on(providers: list[str]) -> str:
     """The device type a session's passes run on, read from its providers (the first runs them)."""
     return next((kind for kind, provider in GPU_PROVIDERS.items() if provider == providers[0]), "cpu")
@@ -86,7 +93,9 @@ def onnx_session(path: Path, device: str | None = "cpu"):
     # time goes"). The fp32 graph has no such fusion left to lose.
     disabled = list(CPU_DISABLED_FUSIONS) if providers == [CPU_PROVIDER] else None
     try:
-        return onnxruntime.InferenceSession(str(path), options, providers=providers, disabled_optimizers=disabled)
+        return onnxruntime.InferenceSession(str(path), options, providers=providers,
+                                            provider_options=provider_options(device, providers),
+                                            disabled_optimizers=disabled)
     except Exception as exc:  # onnxruntime raises its own Fail / InvalidProtobuf / RuntimeError types
         raise UserError(f"{path}: not a readable ONNX model ({first_line(exc)}); re-export it: "
                         f"{export_command()}") from None

@@ -416,17 +416,19 @@ def test_an_auto_resume_whose_runtime_cannot_run_any_more_is_refused(random_mode
     assert folder_bytes(out) == before
 
 
-def test_a_manifest_from_before_the_computation_was_recorded_is_refused(random_model, corpus, tmp_path, capsys):
-    """Version 1 did not record threads, device or the precision used: its parts cannot be shown to match."""
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_manifest_of_an_earlier_version_is_refused(random_model, corpus, tmp_path, capsys, version):
+    """Version 1 did not record threads, device or the precision used: its parts cannot be shown to match. Version 2
+    spelled auto --chunk-texts as a word, which no flag now takes."""
     out = tmp_path / "out"
     assert tag(random_model, out, corpus["first"], extra=("--chunk-texts", "4")) == 0
     manifest = json.loads((out / "manifest.json").read_text())
     del manifest["computation"]
-    (out / "manifest.json").write_text(json.dumps({**manifest, "version": 1}))
+    (out / "manifest.json").write_text(json.dumps({**manifest, "version": version}))
     capsys.readouterr()
     assert tag(random_model, out, corpus["first"], extra=("--chunk-texts", "4")) == 2
     err = capsys.readouterr().err
-    assert f"{out / 'manifest.json'}: manifest version 1, this ner.predict writes version 2" in err
+    assert f"{out / 'manifest.json'}: manifest version {version}, this ner.predict writes version 3" in err
     assert "--overwrite" in err
     assert tag(random_model, out, corpus["first"], extra=("--chunk-texts", "4", "--overwrite")) == 0
 

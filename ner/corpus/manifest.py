@@ -21,7 +21,8 @@ log = logging.getLogger("ner")
 
 MANIFEST = "manifest.json"
 CORPUS_TOOL = "ner.predict"
-MANIFEST_VERSION = 2  # 2: the computation (precision, device, threads, ...) is pinned
+# 2: the computation (precision, device, threads, ...) is pinned; 3: --chunk-texts and --max-tokens spell auto as 0
+MANIFEST_VERSION = 3
 
 
 def file_identity(path: Path) -> dict:
@@ -143,9 +144,8 @@ def check_resumable(out_dir: Path, saved: dict, current: dict) -> None:
     """Refuse a resume whose parts could differ from the finished ones, naming each difference and its fix."""
     if saved.get("version") != MANIFEST_VERSION:
         raise UserError(f"{out_dir / MANIFEST}: manifest version {saved.get('version')!r}, this ner.predict "
-                        f"writes version {MANIFEST_VERSION} (it also pins the precision, device and threads the "
-                        "parts were computed with); finish that run with the ner.predict that started it, or pass "
-                        "--overwrite to start again")
+                        f"writes version {MANIFEST_VERSION}; finish that run with the ner.predict that started "
+                        "it, or pass --overwrite to start again")
     settings, fixes = setting_differences(saved, current)
     changed = model_differences(saved, current) + settings + input_differences(saved, current)
     if changed:

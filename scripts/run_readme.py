@@ -46,9 +46,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--log", type=Path, default=Path("readme_run.log"), help="where the output goes")
     parser.add_argument("--install", action="store_true", help="also run the blocks that install (pip, venv)")
+    parser.add_argument("--from-line", type=int, default=0, metavar="N", help="start at the block on line N or after")
     args = parser.parse_args(argv)
     with args.log.open("w", encoding="utf-8") as log:
         for line, block in shell_blocks(ROOT / "README.md"):
+            if line < args.from_line:
+                continue
             if installs(block) and not args.install:
                 print(f"--- README.md:{line}: an install block, skipped (--install runs it)", file=log)
                 continue

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from ner.data.formats import read_examples
 from ner.errors import UserError, cli
-from ner.extras import EXTRA_PACKAGES, require
+from ner.inference.onnx_export import require_packages as require_onnx_packages
 from ner.inference.openvino_export import require_packages
 from ner.inference.options import FAST_RUNTIMES_FLAG
 from ner.training.export import export_any, export_fast_runtimes
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError(f"--calibrate FILE calibrates the static int8 model: pass {FAST_RUNTIMES_FLAG} (or --onnx "
                         "--quantize int8) too")
     if args.onnx:
-        require("--onnx", *EXTRA_PACKAGES["onnx"])
+        require_onnx_packages("--onnx")
     if args.calibrate:
         require_packages("--calibrate")
     calibration = read_examples(args.calibrate) if args.calibrate else None

@@ -19,6 +19,7 @@ NOT_RUNTIMES = {
     ("ner/extras.py", "onnx"): (2, "an extra of pyproject.toml and a package it brings"),
     ("ner/extras.py", "openvino"): (2, "an extra of pyproject.toml and a package it brings"),
     ("ner/inference/openvino_export.py", "openvino"): (1, "a package the static int8 export needs"),
+    ("ner/inference/onnx_export.py", "onnx"): (1, "a package the ONNX export needs"),
     ("ner/inference/cpu_threads.py", "torch"): (2, "the module in sys.modules"),
     ("ner/training/checkpoint.py", "torch"): (2, "the key of torch's RNG state in a checkpoint"),
     ("ner/training/hooks.py", "torch"): (1, "a package whose version a run records"),
@@ -32,6 +33,7 @@ NOT_RUNTIMES = {
     ("tests/test_openvino.py", "openvino"): (1, "pytest.importorskip's package"),
     ("tests/test_runtime_matrix.py", "openvino"): (1, "pytest.importorskip's package"),
     ("tests/test_runtime_choice.py", "openvino"): (1, "the package a stubbed find_spec lacks"),
+    ("tests/test_extras.py", "onnx"): (1, "the package a stubbed find_spec lacks"),
 }
 
 

@@ -26,11 +26,20 @@ import torch
 from ner.data.encode import UNKNOWN_CASE, casing_type, model_inputs
 from ner.data.examples import Example
 from ner.errors import UserError
+from ner.extras import require
 from ner.files import staged_file
 from ner.inference.model_folder import ModelSettings
 from ner.inference.onnx_runtime import onnx_session
 from ner.inference.options import ONNX, ONNX_INT8, OPENVINO_INT8, RUNTIME_FILES, RUNTIMES
 from ner.inference.runtime import first_line
+
+EXPORT_PACKAGES = ("onnx", "onnxruntime")  # onnx writes the graphs, onnxruntime checks them against PyTorch
+
+
+def require_packages(asker: str) -> None:
+    """A one-line error naming the command that installs the ONNX export's packages, before any export work."""
+    require(asker, *EXPORT_PACKAGES)
+
 
 MAX_LOGIT_DIFF = 1e-3
 # int8 noise flips words whose two best tags are close, and entity words are where that happens, so they

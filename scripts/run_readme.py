@@ -3,9 +3,9 @@
     git clone -q . ../readme-check && cd ../readme-check && python -m venv .venv && . .venv/bin/activate
     python scripts/run_readme.py --log readme_run.log
 
-Each ```bash block runs as one `bash -e` script in the clone's root (so `&` and `kill %1` pair up), with the
-block's lines echoed; the log gets each block's exit code and seconds. Blocks whose first command is `pip` run only
-with --install (a fresh environment needs them; an existing one may not). It stops at the first block that fails.
+Each ```bash block runs as one `bash -e` script in the clone's root (so `&` and `kill %1` pair up), its lines echoed
+into the log with its exit code and seconds; it stops at the first block that fails. Left out: lines that run the
+test suite (`python -m pytest`; `--tests` keeps them: CI runs the suite anyway) and the block that runs this script.
 tests/test_docs_commands.py checks that every documented command parses; this runs them.
 """
 
@@ -20,6 +20,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 FENCE = re.compile(r"^```bash\n(.*?)^```", re.MULTILINE | re.DOTALL)
+THIS = "scripts/run_readme.py"
 
 
 def shell_blocks(readme: Path) -> list[tuple[int, str]]:
@@ -28,9 +29,11 @@ def shell_blocks(readme: Path) -> list[tuple[int, str]]:
     return [(text.count("\n", 0, m.start(1)) + 1, m.group(1)) for m in FENCE.finditer(text)]
 
 
-def installs(block: str) -> bool:
-    first = next((line for line in block.splitlines() if line.strip() and not line.startswith("#")), "")
-    return first.startswith(("pip ", "python -m venv"))
+def runnable(block: str, tests: bool) -> str:
+    """The block less the lines left out (see the module's docstring); empty where the whole block is."""
+    if THIS in block:
+        return ""
+    return "".join(line for line in block.splitlines(keepends=True) if tests or "python -m pytest" not in line)
 
 
 def run_block(line: int, block: str, log) -> int:
@@ -45,17 +48,14 @@ def run_block(line: int, block: str, log) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--log", type=Path, default=Path("readme_run.log"), help="where the output goes")
-    parser.add_argument("--install", action="store_true", help="also run the blocks that install (pip, venv)")
+    parser.add_argument("--tests", action="store_true", help="also run the lines that run the test suite")
     parser.add_argument("--from-line", type=int, default=0, metavar="N", help="start at the block on line N or after")
     args = parser.parse_args(argv)
     with args.log.open("w", encoding="utf-8") as log:
         for line, block in shell_blocks(ROOT / "README.md"):
-            if line < args.from_line:
+            if line < args.from_line or not (commands := runnable(block, args.tests)).strip():
                 continue
-            if installs(block) and not args.install:
-                print(f"--- README.md:{line}: an install block, skipped (--install runs it)", file=log)
-                continue
-            code = run_block(line, block, log)
+            code = run_block(line, commands, log)
             print(f"README.md:{line}: exit {code}")
             if code != 0:
                 return code

@@ -141,7 +141,7 @@ def keep_what_is_not_ours(old: Path, staged: Path, overwrite: bool, unvouched: s
     write_record(staged, EXPORT_TOOL, new_files)
     if not old.is_dir():
         return
-    not_ours = dict(unrecorded(old, read_record(old, EXPORT_TOOL)))
+    not_ours = dict(export_unrecorded(old))
     for entry in sorted(old.iterdir()):
         new = staged / entry.name
         if new.exists() or new.is_symlink():
@@ -149,6 +149,12 @@ def keep_what_is_not_ours(old: Path, staged: Path, overwrite: bool, unvouched: s
                 replace_unrecorded(entry, not_ours[entry], overwrite)
         elif entry in not_ours:
             link_tree(entry, new)
+
+
+def export_unrecorded(folder: Path, names: set[str] | None = None) -> list[tuple[Path, bool]]:
+    """files.unrecorded against export `folder`'s own record: its entries (those in `names`, or all) that no export
+    wrote as they are now, each with whether it was edited since."""
+    return unrecorded(folder, read_record(folder, EXPORT_TOOL), names)
 
 
 def not_the_exports(edited: bool) -> str:
@@ -212,7 +218,7 @@ def check_out_dir(out_dir: Path, overwrite: bool, update: bool = False, names: s
     if not (overwrite or update):
         raise UserError(f"{out_dir}: already holds an exported model; pass --overwrite to replace it, "
                         "or choose another OUT")
-    unsure = [] if overwrite else unrecorded(out_dir, read_record(out_dir, EXPORT_TOOL), names)
+    unsure = [] if overwrite else export_unrecorded(out_dir, names)
     if unsure:
         raise UserError(refusal(*unsure[0]))
 

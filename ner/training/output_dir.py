@@ -16,10 +16,10 @@ from pathlib import Path
 from ner.backends import Backend
 from ner.backends.trackers import TRACKERS_DIR, TrackerClaim, unrecorded_tracker_files
 from ner.errors import UserError
-from ner.files import read_record, temporary_of, unrecorded
+from ner.files import temporary_of
 from ner.training import checkpoint as ckpt
 from ner.training.config import TrainConfig
-from ner.training.export import EXPORT_TOOL, checkpoint_export_names, is_export, not_the_exports
+from ner.training.export import checkpoint_export_names, export_unrecorded, is_export, not_the_exports
 from ner.training.run_files import FINAL_DIR, METRICS_FILE, PLOTS, PREDICTIONS_DIR, VALIDATION_PREDICTIONS
 
 # What a finished or running job leaves; --overwrite-output-dir removes these and nothing else.
@@ -86,7 +86,7 @@ def check_final_for_resume(final: Path, resume_from: Path | None) -> None:
     there must be the old export's own (not a README.md of yours, nor a model card you edited)."""
     if final.is_symlink() or not final.is_dir() or (any(final.iterdir()) and not is_export(final)):
         refuse_foreign(final.parent, [final])
-    unsure = unrecorded(final, read_record(final, EXPORT_TOOL), checkpoint_export_names(resume_from))
+    unsure = export_unrecorded(final, checkpoint_export_names(resume_from))
     if unsure:
         path, edited = unsure[0]
         raise UserError(f"{path}: {not_the_exports(edited)}; the resumed run's export would replace it: move it "
@@ -123,7 +123,7 @@ def foreign_in_final(final: Path) -> list[Path]:
         return []
     if not is_export(final):
         return [final]
-    return [p for p, _ in unrecorded(final, read_record(final, EXPORT_TOOL))]
+    return [p for p, _ in export_unrecorded(final)]
 
 
 def foreign_in_checkpoints(root: Path) -> list[Path]:

@@ -47,10 +47,14 @@ def run_block(line: int, block: str, log) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--log", type=Path, default=Path("readme_run.log"), help="where the output goes")
+    parser.add_argument("--log", type=Path, default=Path("readme_run.log"), help="where the output goes (new)")
+    parser.add_argument("--overwrite-log", action="store_true", help="replace --log if it exists")
     parser.add_argument("--tests", action="store_true", help="also run the lines that run the test suite")
     parser.add_argument("--from-line", type=int, default=0, metavar="N", help="start at the block on line N or after")
     args = parser.parse_args(argv)
+    if args.log.exists() and not args.overwrite_log:
+        print(f"error: {args.log} exists; pass --overwrite-log to replace it, or another --log", file=sys.stderr)
+        return 2
     with args.log.open("w", encoding="utf-8") as log:
         for line, block in shell_blocks(ROOT / "README.md"):
             if line < args.from_line or not (commands := runnable(block, args.tests)).strip():

@@ -26,7 +26,7 @@ from pathlib import Path
 from unittest import mock
 
 from benchmarks.inference import sentence_texts
-from ner.inference.options import RUNTIMES, TORCH
+from ner.inference.runtimes import RUNTIMES, TORCH
 
 PLANS = {"sorted 64x8192": (64, 8192), "fixed 1 row": (1, 0), "fixed 64x128": (64, 128),
          "fixed 64x512": (64, 512), "fixed 64x8192": (64, 8192)}

@@ -24,7 +24,7 @@ from pathlib import Path
 from benchmarks.measure import contention, run_measured
 from ner.data.conll import read_conll
 from ner.errors import UserError
-from ner.inference.options import ONNX, ONNX_INT8, TORCH
+from ner.inference.runtimes import ONNX, ONNX_INT8, TORCH
 
 ROOT = Path(__file__).resolve().parents[1]
 MARKER = ".made-by-benchmarks"

@@ -29,8 +29,10 @@ import time
 from pathlib import Path
 
 from benchmarks.measure import inference_flops, measure_peak_flops, model_shape, run_measured, runtime_matmul_peak
+from ner.cpu import this_cpu_class
 from ner.data.conll import read_conll
-from ner.inference.options import (
+from ner.inference.runtime_choice import choose
+from ner.inference.runtimes import (
     AUTO_RUNTIME,
     ONNX,
     ONNX_INT8,
@@ -40,8 +42,6 @@ from ner.inference.options import (
     RUNTIME_PACKAGES,
     RUNTIMES,
     TORCH,
-    choose,
-    this_cpu_class,
 )
 from scripts.raw_text_f1 import detokenize, prf
 

@@ -125,7 +125,7 @@ def print_table(rows: list[dict]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ner.inference.options import RUNTIMES
+    from ner.inference.runtimes import RUNTIMES
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model_dir", type=Path, help="exported folder with the runtimes' files")

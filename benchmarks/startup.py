@@ -234,7 +234,7 @@ def phase_table(runs: dict[str, list[dict]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     # imported here: probe_train loads this file inside the measured process, whose checkout may lack them
-    from ner.inference.options import ONNX, ONNX_INT8, TORCH
+    from ner.inference.runtimes import ONNX, ONNX_INT8, TORCH
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model_dir", type=Path, nargs="?", help="exported folder with model.onnx and "

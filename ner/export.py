@@ -33,7 +33,7 @@ from ner.data.formats import read_examples
 from ner.errors import UserError, cli
 from ner.inference.onnx_export import require_packages as require_onnx_packages
 from ner.inference.openvino_export import require_packages
-from ner.inference.options import FAST_RUNTIMES_FLAG
+from ner.inference.runtimes import FAST_RUNTIMES_FLAG
 from ner.training.export import export_any, export_fast_runtimes
 
 

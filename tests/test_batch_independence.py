@@ -27,7 +27,7 @@ from ner.backends import BF16, NO_MIXED_PRECISION
 from ner.data.batching import NO_TOKEN_BUDGET, fixed_shape_batches, rows_for_width
 from ner.data.encode import Feature, collate, fixed_shape_plan, padded_lengths
 from ner.data.examples import Example
-from ner.inference.options import ONNX
+from ner.inference.runtimes import ONNX
 from ner.inference.tagger import Tagger
 from ner.predict import main as predict_main
 

@@ -12,7 +12,7 @@ from conftest import python_module, read_state, run_cli, tiny_args
 from ner import train as train_cli
 from ner.backends import NO_MIXED_PRECISION
 from ner.errors import UserError
-from ner.inference.options import ONNX, TORCH
+from ner.inference.runtimes import ONNX, TORCH
 from ner.metrics import best_evaluation
 from ner.training.checkpoint import list_checkpoints
 

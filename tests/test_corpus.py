@@ -16,7 +16,8 @@ import ner.corpus.manifest
 import ner.corpus.plan
 import ner.corpus.tagging
 from ner.backends import BF16, NO_MIXED_PRECISION
-from ner.inference.options import INFERENCE_BUDGETS, ONNX, ONNX_INT8, TORCH
+from ner.inference.options import INFERENCE_BUDGETS
+from ner.inference.runtimes import ONNX, ONNX_INT8, TORCH
 from ner.predict import build_parser, main
 
 TEXTS = [f"{PEOPLE[i % len(PEOPLE)]} flew to {PLACES[i % len(PLACES)]} on day {i} ." for i in range(11)]
@@ -385,18 +386,18 @@ def test_an_auto_resume_keeps_the_runtime_its_parts_were_tagged_with(random_mode
     """A further export between the runs would make auto pick another runtime (here: a model.onnx on a CPU whose
     order puts it before torch); the resume keeps the recorded one and writes the same bytes. The file's contents
     are no model: loading it would fail."""
-    from ner.inference import options
-    from ner.inference.options import RUNTIME_FILES
+    from ner.inference import runtime_choice
+    from ner.inference.runtimes import RUNTIME_FILES
 
     model, out, extra = tmp_path / "model", tmp_path / "out", ("--chunk-texts", "4", "--merge")
     shutil.copytree(random_model, model)
-    monkeypatch.setattr(options, "this_cpu_class", lambda: "avx2")
+    monkeypatch.setattr(runtime_choice, "this_cpu_class", lambda: "avx2")
     assert tag(model, out, corpus["first"], corpus["second"], extra=extra) == 0
     reference = folder_bytes(out)
     assert json.loads((out / "manifest.json").read_text())["computation"]["runtime"] == TORCH
     (out / "part-00001.jsonl").unlink()
     (model / RUNTIME_FILES[ONNX][0]).write_bytes(b"a further export")
-    assert options.choose("avx2", model).runtime != TORCH
+    assert runtime_choice.choose("avx2", model).runtime != TORCH
     assert tag(model, out, corpus["first"], corpus["second"], extra=extra) == 0
     assert folder_bytes(out) == reference
 

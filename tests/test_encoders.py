@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from ner import train as train_cli
 from ner.backends import BF16, NO_MIXED_PRECISION
 from ner.data.tokenizer import load_tokenizer
-from ner.inference.options import ONNX
+from ner.inference.runtimes import ONNX
 
 RAW = ["Angela Merkel met Emmanuel Macron in Paris on Monday.", "",
        "Shares of Acme Corp. rose 3.5% in São Paulo after O'Neill's talk \U0001F600 there."]

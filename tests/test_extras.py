@@ -11,7 +11,7 @@ import pytest
 
 from ner.errors import UserError
 from ner.extras import EXTRA_PACKAGES, install_hint
-from ner.inference.options import ONNX, OPENVINO, RUNTIME_PACKAGES
+from ner.inference.runtimes import ONNX, OPENVINO, RUNTIME_PACKAGES
 
 ROOT = Path(__file__).resolve().parents[1]
 TABLE = "ner/extras.py"

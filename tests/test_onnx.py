@@ -21,8 +21,8 @@ from ner.evaluate import main as evaluate_main  # noqa: E402
 from ner.export import main as export_main  # noqa: E402
 from ner.inference import cpu_threads, onnx_runtime  # noqa: E402
 from ner.inference import onnx_export as export_onnx  # noqa: E402
-from ner.inference.options import FAST_RUNTIMES_COMMAND, ONNX, ONNX_INT8, TORCH  # noqa: E402
 from ner.inference.runtime import in_order  # noqa: E402
+from ner.inference.runtimes import FAST_RUNTIMES_COMMAND, ONNX, ONNX_INT8, TORCH  # noqa: E402
 from ner.inference.tagger import Tagger  # noqa: E402
 from ner.predict import main as predict_main  # noqa: E402
 from ner.serve import build_parser as serve_parser  # noqa: E402
@@ -85,10 +85,10 @@ def test_predict_runtime_flag_reaches_the_runtime(exported, tiny_data, capsys):
 def test_predict_with_no_runtime_runs_what_auto_picks_for_the_cpu_class(exported, tiny_data, monkeypatch, capsys):
     """An export with model.onnx and model.int8.onnx on an AVX2-only CPU: auto is per-token int8, the measured
     fastest there, and tags as --runtime onnx-int8 does."""
-    from ner.inference import options
+    from ner.inference import runtime_choice
 
-    monkeypatch.setattr(options, "this_cpu_class", lambda: "avx2")
-    assert options.choose("avx2", exported).runtime == ONNX_INT8
+    monkeypatch.setattr(runtime_choice, "this_cpu_class", lambda: "avx2")
+    assert runtime_choice.choose("avx2", exported).runtime == ONNX_INT8
     outputs = {}
     for runtime in ((), ("--runtime", ONNX_INT8)):
         assert predict_main([str(exported), str(tiny_data["test"]), "--conll", "--quiet", *runtime]) == 0

@@ -17,7 +17,7 @@ from ner.data.conll import read_conll  # noqa: E402
 from ner.data.examples import Example
 from ner.export import main as export_main  # noqa: E402
 from ner.inference import onnx_export  # noqa: E402
-from ner.inference.options import (  # noqa: E402
+from ner.inference.runtimes import (  # noqa: E402
     FAST_RUNTIMES_COMMAND,
     FAST_RUNTIMES_FLAG,
     ONNX,
@@ -62,15 +62,15 @@ def test_openvino_fp32_tags_like_torch_and_static_int8_agrees(exported, tiny_dat
     assert sum(a == b for a, b in pairs) / len(pairs) >= onnx_export.MIN_INT8_WORD_AGREEMENT
 
 
-def checked_precision(tagger: Tagger, asked: str) -> str:
+def checked_precision(tagger: Tagger, asked: str, has_bf16: bool | None = None) -> str:
     """What holds on every CPU: the compiled model runs bf16 (its INFERENCE_PRECISION_HINT, read from OpenVINO)
-    exactly where bf16 or auto was asked for and the CPU plugin has BF16, else f32, as the tagger reports; said in
-    the test output (RanInFp32) when bf16 was asked for and fp32 ran."""
+    exactly where bf16 or auto was asked for and the CPU has BF16 (OpenVINO's own probe, unless `has_bf16` says
+    otherwise: ner/cpu.py's reading must agree with it), else f32, as the tagger reports; said in the test output
+    (RanInFp32) when bf16 was asked for and fp32 ran."""
     import openvino
 
-    from ner.inference.openvino_runtime import cpu_capabilities
-
-    has_bf16 = "BF16" in cpu_capabilities(openvino.Core())
+    if has_bf16 is None:
+        has_bf16 = "BF16" in openvino.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
     expected = "bf16" if asked in ("auto", "bf16") and has_bf16 else "no"
     hint = tagger.runtime.compiled.get_property("INFERENCE_PRECISION_HINT")
     ran = "bf16" if hint == openvino.Type.bf16 else "no"
@@ -93,10 +93,10 @@ def test_bf16_on_a_cpu_without_bf16_units_runs_fp32_and_says_so(exported, runtim
     f32 and the test output says bf16 was not tested."""
     from ner.inference import openvino_runtime
 
-    monkeypatch.setattr(openvino_runtime, "cpu_capabilities", lambda core: ["FP32", "INT8"])
+    monkeypatch.setattr(openvino_runtime, "has_bf16_units", lambda: False)
     tagger = Tagger(exported, runtime=runtime, precision=BF16)
     with pytest.warns(RanInFp32, match="bf16 ran in fp32"):
-        assert checked_precision(tagger, "bf16") == "no"
+        assert checked_precision(tagger, "bf16", has_bf16=False) == "no"
     tagged_alone_and_mixed(tagger, seed=5, max_tokens=128)
 
 
@@ -144,10 +144,9 @@ def test_a_gpu_asked_for_is_said_to_be_unused_as_onnx_says_it(exported, runtime,
 def test_precision_is_bf16_only_where_asked_for_and_the_cpu_has_it():
     from ner.inference.openvino_runtime import openvino_precision
 
-    assert openvino_precision("auto", ["FP32", "BF16", "INT8"]) == "bf16"
-    assert openvino_precision("bf16", ["FP32", "BF16"]) == "bf16"
-    assert openvino_precision("no", ["FP32", "BF16"]) == "no"
-    assert openvino_precision("auto", ["FP32", "INT8"]) == openvino_precision("bf16", ["FP32"]) == "no"
+    assert openvino_precision("auto", True) == openvino_precision("bf16", True) == "bf16"
+    assert openvino_precision("no", True) == "no"
+    assert openvino_precision("auto", False) == openvino_precision("bf16", False) == "no"
 
 
 def one_line_error(capsys) -> str:
@@ -181,7 +180,8 @@ def test_a_static_model_that_fails_its_gate_leaves_nothing(exported, tiny_data, 
 def test_export_int8_writes_every_runtimes_files_and_says_what_auto_picks(exported, tiny_data, tmp_path, capsys):
     """One flag on ner.export: the fp32 ONNX, the per-token int8 and OpenVINO's static int8, each past its gate,
     recorded as the export's own; the report names them and what --runtime auto runs here."""
-    from ner.inference.options import choose, this_cpu_class
+    from ner.cpu import this_cpu_class
+    from ner.inference.runtime_choice import choose
 
     out = tmp_path / "fast"
     assert export_main([str(exported), str(out), FAST_RUNTIMES_FLAG, "--calibrate", str(tiny_data["train"])]) == 0
@@ -298,7 +298,8 @@ def test_a_run_whose_int8_gates_refuse_ends_finished_with_its_model_and_names_th
                                                                                            capsys):
     """Every int8 gate refuses (a threshold no file meets): the run still exits 0 with final/ whole, model.onnx kept,
     no int8 file, and the summary names each refusal and what --runtime auto will run instead."""
-    from ner.inference.options import choose, this_cpu_class
+    from ner.cpu import this_cpu_class
+    from ner.inference.runtime_choice import choose
     from ner.train import main as train_main
     from tests.conftest import tiny_args
 

@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from ner.inference import options
-from ner.inference.options import (
+from ner.cpu import cpu_class, cpu_flags
+from ner.inference import runtime_choice
+from ner.inference.runtime_choice import RUNTIME_ORDER, choose, resolve_runtime
+from ner.inference.runtimes import (
     AUTO_RUNTIME,
     FAST_RUNTIMES_FLAG,
     ONNX,
@@ -19,13 +21,8 @@ from ner.inference.options import (
     OPENVINO_INT8,
     RUNTIME_CHOICES,
     RUNTIME_FILES,
-    RUNTIME_ORDER,
     RUNTIMES,
     TORCH,
-    choose,
-    cpu_class,
-    cpu_flags,
-    resolve_runtime,
 )
 
 # /proc/cpuinfo's flags of each class, trimmed to what decides
@@ -108,7 +105,7 @@ def test_a_runtime_whose_package_is_missing_is_passed_over_with_its_install_line
 
 def test_the_log_line_says_what_why_and_which_export_would_be_faster(tmp_path, monkeypatch, caplog):
     folder = folder_with(tmp_path, (ONNX,))
-    monkeypatch.setattr(options, "this_cpu_class", lambda: "avx2")
+    monkeypatch.setattr(runtime_choice, "this_cpu_class", lambda: "avx2")
     with caplog.at_level(logging.INFO, logger="ner"):
         assert resolve_runtime(AUTO_RUNTIME, folder, "cpu") == OPENVINO
     [line] = [r.getMessage() for r in caplog.records if "--runtime auto" in r.getMessage()]
@@ -120,7 +117,7 @@ def test_the_log_line_says_what_why_and_which_export_would_be_faster(tmp_path, m
 
 def test_an_explicit_runtime_always_wins_and_says_nothing(tmp_path, monkeypatch, caplog):
     folder = folder_with(tmp_path, RUNTIMES)
-    monkeypatch.setattr(options, "this_cpu_class", lambda: "avx2")
+    monkeypatch.setattr(runtime_choice, "this_cpu_class", lambda: "avx2")
     with caplog.at_level(logging.INFO, logger="ner"):
         for runtime in RUNTIMES:
             assert resolve_runtime(runtime, folder, "cpu") == runtime
@@ -129,7 +126,7 @@ def test_an_explicit_runtime_always_wins_and_says_nothing(tmp_path, monkeypatch,
 
 def test_a_gpu_device_picks_torch_and_a_cpu_device_its_class(tmp_path, monkeypatch):
     folder = folder_with(tmp_path, RUNTIMES)
-    monkeypatch.setattr(options, "this_cpu_class", lambda: "avx2")
+    monkeypatch.setattr(runtime_choice, "this_cpu_class", lambda: "avx2")
     assert resolve_runtime(AUTO_RUNTIME, folder, "cuda:1") == TORCH
     assert resolve_runtime(AUTO_RUNTIME, folder, "cpu") == ONNX_INT8
 
@@ -151,7 +148,7 @@ def test_a_tagger_runs_what_auto_picked_and_a_swap_keeps_it(random_model, tmp_pa
     folder = tmp_path / "final"
     shutil.copytree(random_model, folder)
     for device_class in ("avx2", "amx"):
-        monkeypatch.setattr(options, "this_cpu_class", lambda device_class=device_class: device_class)
+        monkeypatch.setattr(runtime_choice, "this_cpu_class", lambda device_class=device_class: device_class)
         tagger = Tagger(folder, runtime=AUTO_RUNTIME, device="cpu")
         assert tagger.runtime_name == TORCH and tagger.options["runtime"] == TORCH
         assert tagger.like(folder).runtime_name == TORCH
@@ -174,3 +171,12 @@ def test_the_flag_that_writes_every_runtimes_files_is_one_name_on_both_commands(
     from ner.training.config import build_parser as train_parser
 
     assert train_parser().parse_args([FAST_RUNTIMES_FLAG]).export_int8 is True
+
+
+def test_one_reader_of_cpu_features():
+    """/proc/cpuinfo is read in ner/cpu.py alone: torch's bf16 default, OpenVINO's precision and the CPU class ask
+    it, so they cannot disagree about one machine."""
+    root = Path(__file__).resolve().parents[1]
+    readers = sorted(str(path.relative_to(root)) for path in root.glob("ner/**/*.py")
+                     if "cpuinfo" in path.read_text(encoding="utf-8"))
+    assert readers == ["ner/cpu.py"]

@@ -28,7 +28,7 @@ from ner.backends import NO_MIXED_PRECISION  # noqa: E402
 from ner.data.batching import NO_TOKEN_BUDGET  # noqa: E402
 from ner.evaluate import main as evaluate_main  # noqa: E402
 from ner.inference.model_folder import model_version  # noqa: E402
-from ner.inference.options import RUNTIME_FILES, RUNTIME_TRAIN_FLAGS, RUNTIMES, export_command  # noqa: E402
+from ner.inference.runtimes import RUNTIME_FILES, RUNTIME_TRAIN_FLAGS, RUNTIMES, export_command  # noqa: E402
 from ner.predict import main as predict_main  # noqa: E402
 from ner.serve import main as serve_main  # noqa: E402
 from ner.serving.app import create_app  # noqa: E402

@@ -1,4 +1,4 @@
-"""The runtime names are written once, in ner/inference/options.py's `TORCH, ... = RUNTIMES = (...)`: the code,
+"""The runtime names are written once, in ner/inference/runtimes.py's `REGISTRY = {...}`: the code,
 benchmarks and tests read the constants, so a renamed or added runtime is one edit (CONVENTIONS.md)."""
 
 from __future__ import annotations
@@ -6,15 +6,15 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from ner.inference.options import RUNTIMES
+from ner.inference.runtimes import RUNTIMES
 
 ROOT = Path(__file__).resolve().parents[1]
-DECLARED_IN = "ner/inference/options.py"
+DECLARED_IN = "ner/inference/runtimes.py"
 
 # The strings equal to a runtime's name that stand for something else: (file, string) -> (how many, why)
 NOT_RUNTIMES = {
-    (DECLARED_IN, "torch"): (2, "package and module names: RUNTIME_PACKAGES, `in sys.modules`"),
-    (DECLARED_IN, "openvino"): (3, "package names: RUNTIME_PACKAGES, OPENVINO_RUNTIMES read from them"),
+    (DECLARED_IN, "openvino"): (1, "the package OPENVINO_RUNTIMES are read off"),
+    ("ner/inference/runtime_choice.py", "torch"): (1, "the module in sys.modules"),
     ("ner/extras.py", "torch"): (1, "a package INSTALL names"),
     ("ner/extras.py", "onnx"): (2, "an extra of pyproject.toml and a package it brings"),
     ("ner/extras.py", "openvino"): (2, "an extra of pyproject.toml and a package it brings"),
@@ -38,9 +38,10 @@ NOT_RUNTIMES = {
 
 
 def declaration_strings(tree: ast.Module) -> set[int]:
-    """The ids of the string constants of `... = RUNTIMES = (...)`: the one place the names are written."""
+    """The ids of the string constants of `REGISTRY = {...}`: the one place the names are written."""
     for node in tree.body:
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "RUNTIMES" for t in node.targets):
+        targets = getattr(node, "targets", [getattr(node, "target", None)])
+        if any(isinstance(t, ast.Name) and t.id == "REGISTRY" for t in targets):
             return {id(c) for c in ast.walk(node.value) if isinstance(c, ast.Constant)}
     return set()
 
@@ -64,7 +65,7 @@ def test_runtime_names_are_written_only_where_they_are_declared():
     assert all(RUNTIMES) and declaration_strings(ast.parse((ROOT / DECLARED_IN).read_text(encoding="utf-8")))
     extra = [f"{file}:{line}: {value!r}" for (file, value), lines in sorted(found.items())
              if len(lines) > NOT_RUNTIMES.get((file, value), (0, ""))[0] for line in sorted(lines)]
-    assert not extra, "runtime names written as literals (import them from ner.inference.options, or add the " \
+    assert not extra, "runtime names written as literals (import them from ner.inference.runtimes, or add the " \
                       "use to NOT_RUNTIMES with its reason):\n" + "\n".join(extra)
     stale = {key for key, (count, _) in NOT_RUNTIMES.items() if len(found.get(key, ())) < count}
     assert not stale, f"NOT_RUNTIMES allows more than is written: {sorted(stale)}"

@@ -11,8 +11,9 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager as ContextManager
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
+
+from ner.cpu import has_bf16_units
 
 # torch is imported inside the functions: this package is imported by modules that need no torch
 # (ner.evaluate reaches backends/trackers.py through training/config.py), and importing torch takes seconds.
@@ -64,12 +65,9 @@ class Backend(Protocol):
 
 
 def cpu_supports_bf16() -> bool:
-    """Native bf16 (AVX512-BF16 or AMX) makes autocast faster; without it bf16 is emulated and slow."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return " amx_bf16" in flags or " avx512_bf16" in flags
+    """Native bf16 (AVX512-BF16 or AMX) makes autocast faster; without it bf16 is emulated and slow (ner/cpu.py
+    reads the flags)."""
+    return has_bf16_units()
 
 
 def default_device() -> torch.device:

@@ -15,7 +15,7 @@ from ner.corpus.plan import MERGED, Plan, chunk_texts_for, finished_chunks, part
 from ner.data.examples import Example
 from ner.errors import UserError
 from ner.files import read_whole_record, sha256_file, temporary_of, write_record
-from ner.inference.options import RUNTIME_FILES
+from ner.inference.runtimes import RUNTIME_FILES
 
 log = logging.getLogger("ner")
 
@@ -73,7 +73,7 @@ def runtime_to_resume(args: argparse.Namespace) -> str:
     """--runtime auto resuming a run: the runtime its finished parts were tagged with, so that a resume never mixes
     runtimes (a further export since would make auto choose another); refused where that runtime cannot run here
     now. An explicit --runtime is the user's: a different one is refused as any changed setting is (prepare)."""
-    from ner.inference.options import AUTO_RUNTIME, missing
+    from ner.inference.runtimes import AUTO_RUNTIME, missing
 
     saved = None if args.runtime != AUTO_RUNTIME or args.overwrite else read_whole_record(
         args.output_dir, CORPUS_TOOL, MANIFEST)

@@ -30,8 +30,8 @@ from ner.extras import require
 from ner.files import staged_file
 from ner.inference.model_folder import ModelSettings
 from ner.inference.onnx_runtime import onnx_session
-from ner.inference.options import ONNX, ONNX_INT8, OPENVINO_INT8, RUNTIME_FILES, RUNTIMES
 from ner.inference.runtime import first_line
+from ner.inference.runtimes import ONNX, ONNX_INT8, OPENVINO_INT8, RUNTIME_FILES, RUNTIMES
 
 EXPORT_PACKAGES = ("onnx", "onnxruntime")  # onnx writes the graphs, onnxruntime checks them against PyTorch
 

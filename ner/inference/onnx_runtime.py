@@ -19,8 +19,8 @@ import numpy as np
 
 from ner.errors import UserError
 from ner.inference.cpu_threads import runtime_threads
-from ner.inference.options import ONNX, export_command, install_command
 from ner.inference.runtime import Batch, first_line, in_order, warn_runs_on_cpu
+from ner.inference.runtimes import ONNX, export_command, install_command
 
 CPU_PROVIDER = "CPUExecutionProvider"
 # onnxruntime's accelerated providers, by torch device type (dictionary keys: the device comes from the backend)

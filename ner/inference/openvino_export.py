@@ -22,7 +22,8 @@ from ner.data.encode import collate, model_inputs
 from ner.data.examples import Example
 from ner.errors import UserError
 from ner.extras import install_hint, require
-from ner.inference.options import ONNX, OPENVINO_INT8, PAD_TO_MULTIPLE_OF, RUNTIME_FILES
+from ner.inference.options import PAD_TO_MULTIPLE_OF
+from ner.inference.runtimes import ONNX, OPENVINO_INT8, RUNTIME_FILES
 
 log = logging.getLogger("ner")
 CALIBRATION_WINDOWS = 300  # windows whose activation ranges set the scales (NNCF's default subset is 300)

@@ -23,22 +23,17 @@ from pathlib import Path
 
 import numpy as np
 
+from ner.cpu import has_bf16_units
 from ner.errors import UserError
 from ner.inference.cpu_threads import runtime_threads
-from ner.inference.options import ONNX, OPENVINO, TORCH, export_command, install_command
 from ner.inference.runtime import Batch, first_line, passes_at_once, warn_runs_on_cpu
+from ner.inference.runtimes import ONNX, OPENVINO, TORCH, export_command, install_command
 
 
-def cpu_capabilities(core) -> list[str]:
-    """What OpenVINO's CPU plugin runs natively here ("BF16" on AVX-512 BF16 and AMX): the probe that
-    openvino_precision decides by."""
-    return core.get_property("CPU", "OPTIMIZATION_CAPABILITIES")
-
-
-def openvino_precision(requested: str, capabilities: list[str]) -> str:
-    """bf16 where it was asked for (or auto) and the CPU has bf16 units, as torch's autocast decides; else
-    "no" (fp32)."""
-    return "bf16" if requested in ("auto", "bf16") and "BF16" in capabilities else "no"
+def openvino_precision(requested: str, bf16_units: bool) -> str:
+    """bf16 where it was asked for (or auto) and the CPU has bf16 units (ner/cpu.py, which torch's autocast default
+    reads too); else "no" (fp32)."""
+    return "bf16" if requested in ("auto", "bf16") and bf16_units else "no"
 
 
 class OpenVinoRuntime:
@@ -57,7 +52,7 @@ class OpenVinoRuntime:
         warn_runs_on_cpu(path, device, "OpenVINO", f"--runtime {runtime} uses the CPU only (--runtime {TORCH}, or "
                          f"{ONNX} where onnxruntime has the device's provider, can use it)")
         core = openvino.Core()
-        self.precision = openvino_precision(precision, cpu_capabilities(core))
+        self.precision = openvino_precision(precision, has_bf16_units())
         # the threads an ONNX session would get: OMP_NUM_THREADS (what ner.serve --workers sets), else torch's
         # count within the container's CPU quota
         self.streams = runtime_threads()

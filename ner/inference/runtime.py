@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from ner.errors import UserError
-from ner.inference.options import RUNTIME_FILES, export_command
+from ner.inference.runtimes import RUNTIME_FILES, export_command
 
 log = logging.getLogger(__name__)
 

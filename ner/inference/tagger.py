@@ -35,17 +35,10 @@ from ner.inference.entities import drop_below, entities
 from ner.inference.model_folder import ModelSettings, max_positions, model_labels, read_model_json
 from ner.inference.onnx_runtime import OnnxRuntime
 from ner.inference.openvino_runtime import OpenVinoRuntime
-from ner.inference.options import (
-    OPENVINO_RUNTIMES,
-    PAD_TO_MULTIPLE_OF,
-    RUNTIME_CHOICES,
-    TORCH,
-    check_max_seq_length,
-    inference_budget,
-    parse_min_score,
-    resolve_runtime,
-)
+from ner.inference.options import PAD_TO_MULTIPLE_OF, check_max_seq_length, inference_budget, parse_min_score
 from ner.inference.runtime import runtime_path
+from ner.inference.runtime_choice import resolve_runtime
+from ner.inference.runtimes import OPENVINO_RUNTIMES, RUNTIME_CHOICES, TORCH
 from ner.inference.torch_runtime import TorchRuntime
 
 log = logging.getLogger("ner")

@@ -18,7 +18,7 @@ from pathlib import Path
 from ner.errors import UserError
 from ner.files import RECORD, atomic_write_text, file_entry, read_record, tree_paths, unrecorded, write_record
 from ner.inference.model_folder import model_version
-from ner.inference.options import RUNTIME_TRAIN_FLAGS
+from ner.inference.runtimes import RUNTIME_TRAIN_FLAGS
 
 log = logging.getLogger("ner.serving.retrain")
 

@@ -29,13 +29,13 @@ from ner.extras import install_hint
 from ner.inference.decode import DECODERS
 from ner.inference.options import (
     CONTEXTS,
-    FAST_RUNTIMES_FLAG,
     MAX_SEQ_LENGTH,
     PAD_TO_MULTIPLE_OF,
     WINDOW_STRIDE_WORDS,
     check_max_seq_length,
     parse_min_score,
 )
+from ner.inference.runtimes import FAST_RUNTIMES_FLAG
 from ner.training.run_files import PLOTS
 
 log = logging.getLogger("ner")

@@ -13,7 +13,7 @@ from pathlib import Path
 from ner.data.examples import Example
 from ner.errors import UserError
 from ner.files import RECORD, file_entry, read_record, staged_folder, unrecorded, write_record
-from ner.inference.options import FAST_RUNTIMES_FLAG, ONNX, ONNX_INT8, OPENVINO_INT8, RUNTIME_FILES, RUNTIMES
+from ner.inference.runtimes import FAST_RUNTIMES_FLAG, ONNX, ONNX_INT8, OPENVINO_INT8, RUNTIME_FILES, RUNTIMES
 from ner.metrics import best_evaluation
 from ner.training.checkpoint import CHECKPOINT_TOOL, MANIFEST, read_state, verify
 from ner.training.model_card import model_card
@@ -251,7 +251,7 @@ def export_fast_runtimes(source: Path, out_dir: Path, calibrate: list[Example], 
 
 
 def fast_runtimes_report(model_dir: Path, refused: dict[str, str]) -> str:
-    from ner.inference.options import CPU_CLASS_HELP, choose, device_class_of
+    from ner.inference.runtime_choice import CPU_CLASS_HELP, choose, device_class_of
 
     written = sorted({name for runtime in FAST_RUNTIMES if runtime not in refused for name in RUNTIME_FILES[runtime]})
     lines = [f"{FAST_RUNTIMES_FLAG}: wrote {', '.join(written) or 'no runtime file'} into {model_dir}"]

@@ -1,6 +1,6 @@
 """ner: fine-tune BERT-style encoders for named-entity recognition, through Accelerate or plain torch.
 
-The package is grouped by job (README, "Where things are"); imports run one way between the groups
+The package is grouped by job (docs/layout.md, "Every module"); imports run one way between the groups
 (tests/test_layout.py). Commands are the modules at the top: `python -m ner.train|predict|evaluate|export|serve|plot`.
 """
 

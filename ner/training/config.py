@@ -73,8 +73,10 @@ class TrainConfig:
     train_file: str | None = _opt(
         None, "training data: CoNLL file, JSONL file, or a `datasets` save_to_disk folder "
         "(default: the small sample shipped in ner/sample_data)", resume=MUST_MATCH)
+    # Must match, as the early-stopping options do (see there): the validation data, --eval-steps and --no-eval decide
+    # which evaluations pick the best model and count towards patience.
     validation_file: str | None = _opt(None, "validation data, same formats (default: none, or the sample's)",
-                                       resume=MAY_CHANGE)
+                                       resume=MUST_MATCH)
     test_file: str | None = _opt(None, "test data scored once at the end with the best model", resume=MAY_CHANGE)
     dataset: str | None = _opt(
         None, "Hugging Face dataset name or save_to_disk folder with train/validation/test splits", resume=MUST_MATCH)
@@ -185,12 +187,13 @@ class TrainConfig:
         "auto", "autocast dtype; auto: bf16 where the device supports it, else fp32; fp16 (GPUs without bf16: "
         "T4, V100) adds a gradient scaler", choices=("auto", *MIXED_PRECISIONS), resume=MUST_MATCH)
     # evaluation, logging, saving
-    eval_steps: int = _opt(0, "evaluate every N updates; 0: at the end of each epoch", resume=MAY_CHANGE)
+    eval_steps: int = _opt(0, "evaluate every N updates; 0: at the end of each epoch", resume=MUST_MATCH)
     save_steps: int = _opt(0, "checkpoint every N updates too; epoch ends and new best models are always saved",
                            resume=MAY_CHANGE)
-    no_eval: bool = _opt(False, "skip validation during training", resume=MAY_CHANGE)
-    # The early-stopping options must match: a checkpoint records the counter and whether the run already stopped
-    # under the old values, so new ones would give a run that no single setting gives.
+    no_eval: bool = _opt(False, "skip validation during training", resume=MUST_MATCH)
+    # The early-stopping options must match: a checkpoint records the counter, the best model so far and whether the
+    # run already stopped under the old values, so new ones would give a run that no single setting gives. So must
+    # what is evaluated and when (--validation-file, --eval-steps, --no-eval).
     early_stopping_patience: int = _opt(
         0, "stop after this many evaluations in a row without a validation F1 gain above "
         "--early-stopping-threshold; 0: never stop early", resume=AddedLater(0))

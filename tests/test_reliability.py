@@ -23,7 +23,7 @@ from ner.errors import UserError
 from ner.training import checkpoint as ckpt
 from ner.training import output_dir as output_dir_module
 from ner.training import run as run_module
-from ner.training.config import MAY_CHANGE, MUST_MATCH, AddedLater, TrainConfig, resume_rule
+from ner.training.config import MAY_CHANGE, MUST_MATCH, AddedLater, StoredResolvedLater, TrainConfig, resume_rule
 
 KILL_STEP = 20  # epoch 1 (15 updates an epoch on 1 rank), in the middle of it
 
@@ -209,9 +209,15 @@ def another_value(spec: dataclasses.Field, value: object) -> object:
 @pytest.mark.parametrize("name", [spec.name for spec in dataclasses.fields(TrainConfig)])
 def test_resume_accepts_or_refuses_each_option_as_the_option_declares(tmp_path, name):
     """Changed on resume: refused, naming the option, unless it declares MAY_CHANGE; left out of an older
-    checkpoint: read as the value it declares with AddedLater (refused where it declares none)."""
+    checkpoint: read as the value it declares with AddedLater (refused where it declares none). An option stored as
+    it ran (StoredResolvedLater) is compared from a resolved value, and its older unresolved one matches any."""
     spec = next(spec for spec in dataclasses.fields(TrainConfig) if spec.name == name)
     rule, config = resume_rule(spec), TrainConfig().to_dict()
+    if isinstance(rule, StoredResolvedLater):
+        unresolved = {**config, name: rule.unresolved}
+        ckpt.check_compatible({"config": unresolved, "label_list": ["O"], "world_size": 1},
+                              {**config, name: another_value(spec, rule.unresolved)}, ["O"], 1, tmp_path)
+        config = {**config, name: another_value(spec, rule.unresolved)}  # as a run stores it now
     saved = {"config": config, "label_list": ["O"], "world_size": 1}
     changed = {**config, name: another_value(spec, config[name])}
     if rule == MAY_CHANGE:

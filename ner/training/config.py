@@ -57,14 +57,25 @@ class AddedLater:
     value: Any
 
 
-def _opt(default: Any, help: str, *, resume: str | AddedLater, **extra: Any) -> Any:
+@dataclass(frozen=True)
+class StoredResolvedLater:
+    """Must match as it ran (the run stores the value `auto` resolved to); a checkpoint written before it was stored
+    so holds `unresolved`, which does not say what ran: any value matches that (what the check compared then)."""
+
+    unresolved: Any
+
+
+ResumeRule = str | AddedLater | StoredResolvedLater
+
+
+def _opt(default: Any, help: str, *, resume: ResumeRule, **extra: Any) -> Any:
     return field(default=default, metadata={"help": help, "resume": resume, **extra})
 
 
-def resume_rule(spec: dataclasses.Field) -> str | AddedLater | None:
+def resume_rule(spec: dataclasses.Field) -> ResumeRule | None:
     """The field's declared resume rule; None where it declares none (tests/test_config.py refuses that)."""
     rule = spec.metadata.get("resume")
-    return rule if rule in (MAY_CHANGE, MUST_MATCH) or isinstance(rule, AddedLater) else None
+    return rule if rule in (MAY_CHANGE, MUST_MATCH) or isinstance(rule, (AddedLater, StoredResolvedLater)) else None
 
 
 @dataclass
@@ -183,9 +194,11 @@ class TrainConfig:
     decode: str = _opt("viterbi", "tags from per-word scores: viterbi (only sequences the tag scheme allows) "
                        "or argmax; used by evaluation here and by default by ner.predict / ner.evaluate",
                        choices=DECODERS, resume=AddedLater("argmax"))
+    # Stored as the backend runs it, so a resume where auto resolves otherwise (another CPU or GPU) is refused
+    # rather than trained on in other math; the message names the value that ran, which may be passed.
     mixed_precision: str = _opt(
         "auto", "autocast dtype; auto: bf16 where the device supports it, else fp32; fp16 (GPUs without bf16: "
-        "T4, V100) adds a gradient scaler", choices=("auto", *MIXED_PRECISIONS), resume=MUST_MATCH)
+        "T4, V100) adds a gradient scaler", choices=("auto", *MIXED_PRECISIONS), resume=StoredResolvedLater("auto"))
     # evaluation, logging, saving
     eval_steps: int = _opt(0, "evaluate every N updates; 0: at the end of each epoch", resume=MUST_MATCH)
     save_steps: int = _opt(0, "checkpoint every N updates too; epoch ends and new best models are always saved",

@@ -67,6 +67,27 @@ def test_sigkill_mid_epoch_then_resume_is_bit_exact(tiny_bert, tiny_data, tmp_pa
     assert_same_run(outcome(killed_dir), outcome(tmp_path / "ref"))
 
 
+def test_a_restart_before_the_first_complete_checkpoint_starts_afresh_only_until_the_run_wrote(tiny_bert, tiny_data,
+                                                                                                 tmp_path, capsys):
+    """What docs/training.md says of a torchrun restart (the same command again) before the first complete
+    checkpoint: killed before its first metrics.jsonl record, it starts afresh; killed after, it stops, naming what
+    the folder holds, unless the command has --overwrite-output-dir."""
+    from ner.train import main as train_main
+
+    args = ["--max-steps", "4", "--logging-steps", "2", "--no-eval", "--resume", "auto"]
+    for kill_step, out in ((1, tmp_path / "early"), (3, tmp_path / "late")):
+        command = tiny_args(tiny_bert, tiny_data, out, *args)
+        assert run_cli(python_module("ner.train", *command), env={"NER_FAULT_INJECT": f"kill:{kill_step}"}
+                       ).returncode == -9
+        assert ckpt.list_checkpoints(out) == []
+        capsys.readouterr()
+        assert train_main(command) == (0 if kill_step == 1 else 2)
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"error: {tmp_path / 'late'}: --resume auto found no complete checkpoint, and the folder holds a run "
+        "(metrics.jsonl); pass --overwrite-output-dir to start afresh there, or choose another --output-dir")
+    assert train_main([*tiny_args(tiny_bert, tiny_data, tmp_path / "late", *args), "--overwrite-output-dir"]) == 0
+
+
 def torchrun(*args: str) -> list[str]:
     return python_module("torch.distributed.run", "--standalone", "--nproc_per_node=2", *args)
 

@@ -8,8 +8,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from ner.data.batching import TokenBudgetBatchSampler, rows_for_width
+from ner.data.batching import TokenBudgetBatchSampler, bucket_width, rows_for_width
 from ner.data.encode import Feature, collate_to_bucket, padded_lengths
 from ner.inference.options import MAX_SEQ_LENGTH, PAD_TO_MULTIPLE_OF
 
@@ -56,6 +58,45 @@ def test_an_epoch_of_varied_lengths_has_a_few_shapes_and_little_padding(max_sent
     """Red with training's collate padding to the longest window rounded to 4 (the earlier padding: 30 and more
     shapes), and with a width's short last batch left where it is (a short batch a width)."""
     assert check_epoch(synthetic_features(14_000, seed=0), max_sentences, max_tokens) < 0.15
+
+
+def check_promise(sampler: TokenBudgetBatchSampler, epoch: int) -> list[tuple[int, int]]:
+    """What the plan promises, from the lengths alone: every window once, and every batch padded to width W (its
+    longest window's bucket, as collate_to_bucket pads it) has rows_for_width(W) rows, but for one short batch an
+    epoch (under the budget, as it holds fewer rows than its width's). Returns the shapes."""
+    plan = sampler.plan(epoch)
+    shapes = [(len(batch), bucket_width(int(sampler.lengths[batch].max()), sampler.widths)) for batch in plan]
+    assert sorted(i for batch in plan for i in batch) == list(range(len(sampler.lengths)))
+    off = [(rows, width) for rows, width in shapes
+           if rows != rows_for_width(width, sampler.max_sentences, sampler.max_tokens)]
+    assert len(off) <= 1, off
+    assert all(rows < rows_for_width(width, sampler.max_sentences, sampler.max_tokens) for rows, width in off)
+    return shapes
+
+
+def test_rows_carried_past_a_width_where_the_budget_binds_make_no_new_shape():
+    """31 windows of 112 tokens and 5 of 136 under 32 x 4,096: 112 takes 32 rows, 136 only 30. The 112s left over
+    went on to 136 first, filling a batch of 30 that collate pads to 112: (30, 112) beside (32, 112), and a short
+    (6, 136), two shapes no width promises."""
+    lengths = [112] * (32 + 31) + [136] * 5
+    sampler = TokenBudgetBatchSampler(lengths, 32, 4096, seed=0, shuffle=False, pad_to_multiple_of=PAD_TO_MULTIPLE_OF)
+    assert (30, 112) not in check_promise(sampler, 0)
+
+
+@settings(max_examples=300, deadline=None)
+@given(lengths=st.lists(st.integers(1, MAX_SEQ_LENGTH + 32), min_size=1, max_size=400),
+       max_sentences=st.integers(1, 64), max_tokens=st.sampled_from([16, 100, 512, 1000, 2048, 4096, 16384]),
+       multiple=st.sampled_from([1, 4, 8]), seed=st.integers(0, 3), replicas=st.integers(1, 3))
+def test_every_batch_has_a_shape_the_plan_promises_whether_the_budget_binds_or_not(lengths, max_sentences, max_tokens,
+                                                                                  multiple, seed, replicas):
+    padded = [-(-n // multiple) * multiple for n in lengths]  # as padded_lengths gives them
+    alone = TokenBudgetBatchSampler(padded, max_sentences, max_tokens, seed=seed, pad_to_multiple_of=multiple)
+    for epoch in (0, 1):
+        check_promise(alone, epoch)
+        sharded = TokenBudgetBatchSampler(padded, max_sentences, max_tokens, seed=seed, num_replicas=replicas,
+                                          pad_to_multiple_of=multiple)
+        plan = alone.plan(epoch)  # padded for the replicas with its first batches, which keeps the shapes
+        assert sharded.plan(epoch) == plan + plan[:-len(plan) % replicas]
 
 
 @pytest.mark.skipif(not CONLL_TRAIN.is_file(), reason=f"needs CoNLL-2003 at {CONLL_TRAIN}")

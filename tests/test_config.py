@@ -11,7 +11,7 @@ import pytest
 from conftest import read_state, run_cli, tiny_args
 
 from ner import train as train_cli
-from ner.backends import ACCELERATE, BACKENDS, DATA_PARALLEL, RAW_DDP
+from ner.backends import ACCELERATE, BACKENDS, BF16, DATA_PARALLEL, NO_MIXED_PRECISION, RAW_DDP
 from ner.data.batching import NO_TOKEN_BUDGET
 from ner.errors import UserError
 from ner.training.checkpoint import list_checkpoints
@@ -207,6 +207,43 @@ def test_the_resolved_token_budget_is_stored_with_the_run(tiny_bert, tiny_data, 
     assert "--max-tokens auto: 4096 (on cpu)" in capsys.readouterr().err
     assert json.loads((out / "final" / "training_args.json").read_text())["max_tokens"] == 4096
     assert read_state(list_checkpoints(out)[-1])["config"]["max_tokens"] == 4096
+
+
+def test_auto_precision_is_stored_as_it_ran_and_a_resume_that_would_run_otherwise_is_refused(
+        tiny_bert, tiny_data, tmp_path, monkeypatch, capsys):
+    """--mixed-precision auto ran in bf16 (a CPU with bf16 units): the checkpoint, training_args.json and the model
+    card say bf16, not auto. Resumed with auto where the CPU has none, auto means fp32: refused, naming the option,
+    rather than training on in other math; the value that ran, passed explicitly, resumes."""
+    import ner.backends
+
+    out = tmp_path / "run"
+    args = tiny_args(tiny_bert, tiny_data, out, "--max-steps", "2", "--no-eval", "--resume", "auto")
+    monkeypatch.setattr(ner.backends, "cpu_supports_bf16", lambda: True)
+    assert train_cli.main([*args, "--mixed-precision", "auto"]) == 0
+    assert read_state(list_checkpoints(out)[-1])["config"]["mixed_precision"] == BF16
+    assert json.loads((out / "final" / "training_args.json").read_text())["mixed_precision"] == BF16
+    assert f"| mixed precision | `{BF16}` |" in (out / "final" / "README.md").read_text()
+    monkeypatch.setattr(ner.backends, "cpu_supports_bf16", lambda: False)
+    capsys.readouterr()
+    assert train_cli.main([*args, "--max-steps", "3", "--mixed-precision", "auto"]) == 2
+    err = capsys.readouterr().err
+    assert f"mixed_precision: checkpoint {BF16!r}, now {NO_MIXED_PRECISION!r}" in err and "Traceback" not in err
+    assert train_cli.main([*args, "--max-steps", "3", "--mixed-precision", BF16]) == 0
+    assert read_state(list_checkpoints(out)[-1])["global_step"] == 3
+
+
+def test_a_checkpoint_from_before_precision_was_stored_resolved_resumes_as_before(tmp_path):
+    """Older checkpoints say `auto`, not what it resolved to: unknown, so any resolution matches it, as the check
+    compared it before; one that says what ran is held to it."""
+    from ner.training.checkpoint import check_compatible
+
+    config = TrainConfig().to_dict()
+    for now in (BF16, NO_MIXED_PRECISION):
+        check_compatible({"config": config, "label_list": ["O"], "world_size": 1},
+                         {**config, "mixed_precision": now}, ["O"], 1, tmp_path)
+    saved = {"config": {**config, "mixed_precision": BF16}, "label_list": ["O"], "world_size": 1}
+    with pytest.raises(UserError, match=f"mixed_precision: checkpoint {BF16!r}, now {NO_MIXED_PRECISION!r}"):
+        check_compatible(saved, {**config, "mixed_precision": NO_MIXED_PRECISION}, ["O"], 1, tmp_path)
 
 
 @pytest.mark.parametrize("stored", [0, None], ids=["fixed-batch-size-as-0", "auto-as-None"])

@@ -161,3 +161,18 @@ def test_early_stopping_without_validation_is_one_clear_error(tiny_bert, tiny_da
     assert train_cli.main(args) == 2
     assert "error: --early-stopping-patience needs validation data" in capsys.readouterr().err
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+@pytest.mark.parametrize(("name", "other"), [("validation_file", "other.conll"), ("eval_steps", 7), ("no_eval", True),
+                                             ("early_stopping_patience", 3)])
+def test_resume_refuses_a_change_of_what_picks_the_best_model(tmp_path, name, other):
+    """Which evaluations happen, and on what, decide the best model and when patience runs out, as the
+    early-stopping options do: a resumed run with other values would be a run no single setting gives."""
+    from ner.errors import UserError
+    from ner.training.checkpoint import check_compatible
+    from ner.training.config import TrainConfig
+
+    config = TrainConfig().to_dict()
+    saved = {"config": config, "label_list": ["O"], "world_size": 1}
+    with pytest.raises(UserError, match=f"\\n  {name}: checkpoint {config[name]!r}, now {other!r}$"):
+        check_compatible(saved, {**config, name: other}, ["O"], 1, tmp_path)

@@ -23,7 +23,7 @@ from ner.errors import UserError
 from ner.training import checkpoint as ckpt
 from ner.training import output_dir as output_dir_module
 from ner.training import run as run_module
-from ner.training.config import MAY_CHANGE, MUST_MATCH, AddedLater, TrainConfig, resume_rule
+from ner.training.config import MAY_CHANGE, MUST_MATCH, AddedLater, StoredResolvedLater, TrainConfig, resume_rule
 
 KILL_STEP = 20  # epoch 1 (15 updates an epoch on 1 rank), in the middle of it
 
@@ -65,6 +65,27 @@ def test_sigkill_mid_epoch_then_resume_is_bit_exact(tiny_bert, tiny_data, tmp_pa
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert f"resumed from {killed_dir / 'checkpoints' / f'step_{KILL_STEP}'}" in resumed.stderr
     assert_same_run(outcome(killed_dir), outcome(tmp_path / "ref"))
+
+
+def test_a_restart_before_the_first_complete_checkpoint_starts_afresh_only_until_the_run_wrote(tiny_bert, tiny_data,
+                                                                                                 tmp_path, capsys):
+    """What docs/training.md says of a torchrun restart (the same command again) before the first complete
+    checkpoint: killed before its first metrics.jsonl record, it starts afresh; killed after, it stops, naming what
+    the folder holds, unless the command has --overwrite-output-dir."""
+    from ner.train import main as train_main
+
+    args = ["--max-steps", "4", "--logging-steps", "2", "--no-eval", "--resume", "auto"]
+    for kill_step, out in ((1, tmp_path / "early"), (3, tmp_path / "late")):
+        command = tiny_args(tiny_bert, tiny_data, out, *args)
+        assert run_cli(python_module("ner.train", *command), env={"NER_FAULT_INJECT": f"kill:{kill_step}"}
+                       ).returncode == -9
+        assert ckpt.list_checkpoints(out) == []
+        capsys.readouterr()
+        assert train_main(command) == (0 if kill_step == 1 else 2)
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"error: {tmp_path / 'late'}: --resume auto found no complete checkpoint, and the folder holds a run "
+        "(metrics.jsonl); pass --overwrite-output-dir to start afresh there, or choose another --output-dir")
+    assert train_main([*tiny_args(tiny_bert, tiny_data, tmp_path / "late", *args), "--overwrite-output-dir"]) == 0
 
 
 def torchrun(*args: str) -> list[str]:
@@ -209,9 +230,15 @@ def another_value(spec: dataclasses.Field, value: object) -> object:
 @pytest.mark.parametrize("name", [spec.name for spec in dataclasses.fields(TrainConfig)])
 def test_resume_accepts_or_refuses_each_option_as_the_option_declares(tmp_path, name):
     """Changed on resume: refused, naming the option, unless it declares MAY_CHANGE; left out of an older
-    checkpoint: read as the value it declares with AddedLater (refused where it declares none)."""
+    checkpoint: read as the value it declares with AddedLater (refused where it declares none). An option stored as
+    it ran (StoredResolvedLater) is compared from a resolved value, and its older unresolved one matches any."""
     spec = next(spec for spec in dataclasses.fields(TrainConfig) if spec.name == name)
     rule, config = resume_rule(spec), TrainConfig().to_dict()
+    if isinstance(rule, StoredResolvedLater):
+        unresolved = {**config, name: rule.unresolved}
+        ckpt.check_compatible({"config": unresolved, "label_list": ["O"], "world_size": 1},
+                              {**config, name: another_value(spec, rule.unresolved)}, ["O"], 1, tmp_path)
+        config = {**config, name: another_value(spec, rule.unresolved)}  # as a run stores it now
     saved = {"config": config, "label_list": ["O"], "world_size": 1}
     changed = {**config, name: another_value(spec, config[name])}
     if rule == MAY_CHANGE:

@@ -4,9 +4,9 @@ Padding is wasted compute (a pad token costs as much as a real one), so batches 
 length; but every new batch shape costs too: kernel caches and warm-up on a CPU, a graph per shape for a
 compiled step or a CUDA graph. So each window is padded to the narrowest of a few widths (about 1.2x apart,
 width_buckets), and every batch of a width has the rows the token budget gives that width (rows_for_width):
-an epoch has at most one shape per width, plus one short last batch. Order still changes every epoch: indices
-are shuffled, grouped by width, cut into batches, and the batches shuffled again. The plan is a pure function
-of (seed, epoch), so a resumed run sees the same batches.
+an epoch has at most one shape per width, plus one short batch, whether the budget binds or not. Order still
+changes every epoch: indices are shuffled, grouped by width, cut into batches, and the batches shuffled again.
+The plan is a pure function of (seed, epoch), so a resumed run sees the same batches.
 """
 
 from __future__ import annotations
@@ -96,17 +96,21 @@ class TokenBudgetBatchSampler:
         return batches + batches[:remainder] if remainder else batches
 
     def _bucketed(self, order: np.ndarray) -> list[list[int]]:
-        """Batches of rows_for_width(W) windows of bucket width W, in `order` within a width. A width's last,
-        short batch joins the next wider width (padded to it), so only the widest width may end short."""
+        """Batches of rows_for_width(W) windows of bucket width W, in `order` within a width. What a width leaves
+        over goes on to the next wider one, after that width's own windows, and a batch is cut there only while it
+        holds one of them: a batch of carried windows alone would be padded to a narrower width with the wider
+        width's rows (fewer, where the token budget binds), a shape no width promises. So one batch of the epoch at
+        most is short: what is left after the widest width, fewer rows than its own width's."""
         bucket = np.searchsorted(self.widths, self.lengths[order])
         batches: list[list[int]] = []
         carried: list[int] = []
         for index, width in enumerate(self.widths):
-            members = carried + order[bucket == index].tolist()
+            own = order[bucket == index].tolist()
+            members = own + carried
             rows = rows_for_width(width, self.max_sentences, self.max_tokens)
-            whole = len(members) - len(members) % rows
-            batches.extend(members[start:start + rows] for start in range(0, whole, rows))
-            carried = members[whole:]
+            cut = min(len(members) // rows, -(-len(own) // rows)) * rows  # whole batches that hold an own window
+            batches.extend(members[start:start + rows] for start in range(0, cut, rows))
+            carried = members[cut:]
         return batches + [carried] if carried else batches
 
     def __iter__(self):

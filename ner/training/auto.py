@@ -1,6 +1,7 @@
 """The `auto` options, resolved once the data, the encoder and the device are known: batch size, token budget,
-epochs, learning rate, attention, document context and casing. Each CPU rule was chosen by measurement; the CUDA
-micro-batch and its learning rate are reasoned, not measured yet (docs/defaults.md, "On a GPU")."""
+epochs, learning rate, attention, mixed precision, document context and casing. Each CPU rule was chosen by
+measurement; the CUDA micro-batch and its learning rate are reasoned, not measured yet (docs/defaults.md, "On a
+GPU")."""
 
 from __future__ import annotations
 
@@ -111,6 +112,14 @@ def resolve_auto(cfg: TrainConfig, *, hidden_size: int, sentences_per_window: fl
         chosen["compile"] = auto_compile(device_type)
         log.info("--compile auto: %s (on %s)", chosen["compile"], device_type)
     return dataclasses.replace(cfg, **chosen)
+
+
+def resolve_mixed_precision(cfg: TrainConfig, running: str, device_type: str) -> TrainConfig:
+    """--mixed-precision as the backend runs it (it decided `auto` when it started: bf16 where the device has it,
+    else no, or an Accelerate launch config's): the checkpoint, the resume check and the model card say what ran."""
+    if cfg.mixed_precision == "auto":
+        log.info("--mixed-precision auto: %s (on %s)", running, device_type)
+    return dataclasses.replace(cfg, mixed_precision=running)
 
 
 def resolve_context(cfg: TrainConfig, train_has_documents: bool) -> TrainConfig:

@@ -46,7 +46,7 @@ from ner.files import (
     unrecorded,
     write_record,
 )
-from ner.training.config import MAY_CHANGE, AddedLater, TrainConfig, resume_rule
+from ner.training.config import MAY_CHANGE, AddedLater, StoredResolvedLater, TrainConfig, resume_rule
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +60,9 @@ RESUME_MAY_CHANGE = frozenset(spec.name for spec in dataclasses.fields(TrainConf
 # Options added after checkpoints were first written: a checkpoint without one ran with this value.
 ADDED_LATER = {spec.name: rule.value for spec in dataclasses.fields(TrainConfig)
                if isinstance(rule := resume_rule(spec), AddedLater)}
+# Options stored as they ran, by the value older checkpoints hold instead (which says nothing of what ran).
+UNRESOLVED_BEFORE = {spec.name: rule.unresolved for spec in dataclasses.fields(TrainConfig)
+                     if isinstance(rule := resume_rule(spec), StoredResolvedLater)}
 SCALER = "scaler.pt"
 SEAL_THREADS = 4  # files fsynced and hashed at once when a checkpoint is sealed
 
@@ -230,7 +233,8 @@ def check_compatible(saved: dict, config: dict, label_list: list[str], world_siz
     saved_config = {**ADDED_LATER, **saved["config"]}
     differences = [f"{key}: checkpoint {saved_config.get(key)!r}, now {value!r}"
                    for key, value in config.items()
-                   if key not in RESUME_MAY_CHANGE and saved_config.get(key) != value]
+                   if key not in RESUME_MAY_CHANGE and saved_config.get(key) != value
+                   and not (key in UNRESOLVED_BEFORE and saved_config.get(key) == UNRESOLVED_BEFORE[key])]
     if saved["label_list"] != label_list:
         differences.append(f"labels: checkpoint {saved['label_list']}, now {label_list}")
     if saved["world_size"] != world_size:

@@ -57,14 +57,25 @@ class AddedLater:
     value: Any
 
 
-def _opt(default: Any, help: str, *, resume: str | AddedLater, **extra: Any) -> Any:
+@dataclass(frozen=True)
+class StoredResolvedLater:
+    """Must match as it ran (the run stores the value `auto` resolved to); a checkpoint written before it was stored
+    so holds `unresolved`, which does not say what ran: any value matches that (what the check compared then)."""
+
+    unresolved: Any
+
+
+ResumeRule = str | AddedLater | StoredResolvedLater
+
+
+def _opt(default: Any, help: str, *, resume: ResumeRule, **extra: Any) -> Any:
     return field(default=default, metadata={"help": help, "resume": resume, **extra})
 
 
-def resume_rule(spec: dataclasses.Field) -> str | AddedLater | None:
+def resume_rule(spec: dataclasses.Field) -> ResumeRule | None:
     """The field's declared resume rule; None where it declares none (tests/test_config.py refuses that)."""
     rule = spec.metadata.get("resume")
-    return rule if rule in (MAY_CHANGE, MUST_MATCH) or isinstance(rule, AddedLater) else None
+    return rule if rule in (MAY_CHANGE, MUST_MATCH) or isinstance(rule, (AddedLater, StoredResolvedLater)) else None
 
 
 @dataclass
@@ -73,8 +84,10 @@ class TrainConfig:
     train_file: str | None = _opt(
         None, "training data: CoNLL file, JSONL file, or a `datasets` save_to_disk folder "
         "(default: the small sample shipped in ner/sample_data)", resume=MUST_MATCH)
+    # Must match, as the early-stopping options do (see there): the validation data, --eval-steps and --no-eval decide
+    # which evaluations pick the best model and count towards patience.
     validation_file: str | None = _opt(None, "validation data, same formats (default: none, or the sample's)",
-                                       resume=MAY_CHANGE)
+                                       resume=MUST_MATCH)
     test_file: str | None = _opt(None, "test data scored once at the end with the best model", resume=MAY_CHANGE)
     dataset: str | None = _opt(
         None, "Hugging Face dataset name or save_to_disk folder with train/validation/test splits", resume=MUST_MATCH)
@@ -181,16 +194,19 @@ class TrainConfig:
     decode: str = _opt("viterbi", "tags from per-word scores: viterbi (only sequences the tag scheme allows) "
                        "or argmax; used by evaluation here and by default by ner.predict / ner.evaluate",
                        choices=DECODERS, resume=AddedLater("argmax"))
+    # Stored as the backend runs it, so a resume where auto resolves otherwise (another CPU or GPU) is refused
+    # rather than trained on in other math; the message names the value that ran, which may be passed.
     mixed_precision: str = _opt(
         "auto", "autocast dtype; auto: bf16 where the device supports it, else fp32; fp16 (GPUs without bf16: "
-        "T4, V100) adds a gradient scaler", choices=("auto", *MIXED_PRECISIONS), resume=MUST_MATCH)
+        "T4, V100) adds a gradient scaler", choices=("auto", *MIXED_PRECISIONS), resume=StoredResolvedLater("auto"))
     # evaluation, logging, saving
-    eval_steps: int = _opt(0, "evaluate every N updates; 0: at the end of each epoch", resume=MAY_CHANGE)
+    eval_steps: int = _opt(0, "evaluate every N updates; 0: at the end of each epoch", resume=MUST_MATCH)
     save_steps: int = _opt(0, "checkpoint every N updates too; epoch ends and new best models are always saved",
                            resume=MAY_CHANGE)
-    no_eval: bool = _opt(False, "skip validation during training", resume=MAY_CHANGE)
-    # The early-stopping options must match: a checkpoint records the counter and whether the run already stopped
-    # under the old values, so new ones would give a run that no single setting gives.
+    no_eval: bool = _opt(False, "skip validation during training", resume=MUST_MATCH)
+    # The early-stopping options must match: a checkpoint records the counter, the best model so far and whether the
+    # run already stopped under the old values, so new ones would give a run that no single setting gives. So must
+    # what is evaluated and when (--validation-file, --eval-steps, --no-eval).
     early_stopping_patience: int = _opt(
         0, "stop after this many evaluations in a row without a validation F1 gain above "
         "--early-stopping-threshold; 0: never stop early", resume=AddedLater(0))

@@ -32,7 +32,7 @@ from ner.inference.decode import Decoder
 from ner.metrics import entity_scores, format_scores
 from ner.process import log_to_stderr
 from ner.training import checkpoint as ckpt
-from ner.training.auto import resolve_auto, resolve_casing, resolve_context
+from ner.training.auto import resolve_auto, resolve_casing, resolve_context, resolve_mixed_precision
 from ner.training.config import TrainConfig, tokenization_cache_dir, with_sample_data
 from ner.training.evaluation import EvalSet, build_eval_set, predict_tags
 from ner.training.export import export_checkpoint, export_fast_runtimes
@@ -174,6 +174,7 @@ def run(cfg: TrainConfig, backend: Backend, trackers: TrackerClaim) -> dict:
                        updates_per_epoch=lambda size, tokens: updates_per_epoch(
                            train_sampler(cfg, data, world, size, tokens), 0, cfg, world),
                        device_type=backend.device.type)
+    cfg = resolve_mixed_precision(cfg, backend.mixed_precision, backend.device.type)
     sampler = train_sampler(cfg, data, world)
     data.eval_sets = batch_eval_sets(cfg, data)
     model = build_model(cfg.model, data.label_list, cfg.trust_remote_code, cfg.attn_implementation,

@@ -30,6 +30,7 @@ from ner.data.tags import scheme_of_labels
 from ner.data.text import Word, split_words
 from ner.data.tokenizer import load_tokenizer
 from ner.errors import UserError
+from ner.extras import require
 from ner.inference.decode import Decoder
 from ner.inference.entities import drop_below, entities
 from ner.inference.model_folder import ModelSettings, max_positions, model_labels, read_model_json
@@ -38,7 +39,7 @@ from ner.inference.openvino_runtime import OpenVinoRuntime
 from ner.inference.options import PAD_TO_MULTIPLE_OF, check_max_seq_length, inference_budget, parse_min_score
 from ner.inference.runtime import runtime_path
 from ner.inference.runtime_choice import resolve_runtime
-from ner.inference.runtimes import OPENVINO_RUNTIMES, RUNTIME_CHOICES, TORCH
+from ner.inference.runtimes import OPENVINO_RUNTIMES, RUNTIME_CHOICES, RUNTIME_PACKAGES, TORCH
 from ner.inference.torch_runtime import TorchRuntime
 
 log = logging.getLogger("ner")
@@ -84,9 +85,6 @@ class Tagger:
                  max_seq_length: int | None = None, pad_to_multiple_of: int = PAD_TO_MULTIPLE_OF,
                  context: str = "auto", decode: str | None = None, runtime: str = TORCH,
                  min_score: str | list[str] | None = None) -> None:
-        import transformers
-
-        transformers.utils.logging.disable_progress_bar()
         self.options = {"device": device, "precision": precision, "max_seq_length": max_seq_length,
                         "pad_to_multiple_of": pad_to_multiple_of, "context": context, "decode": decode,
                         "runtime": runtime, "min_score": min_score}  # as given: like() loads another the same way
@@ -96,6 +94,12 @@ class Tagger:
         if runtime not in RUNTIME_CHOICES:
             raise UserError(f"--runtime {runtime}: expected one of {', '.join(RUNTIME_CHOICES)}")
         runtime = self.options["runtime"] = resolve_runtime(runtime, model_dir, device)  # like() keeps the pick
+        # before anything is loaded: the runtime's packages, as the registry declares them (torch too, which an
+        # ONNX-only deployment may leave out)
+        require(f"--runtime {runtime}", *RUNTIME_PACKAGES[runtime])
+        import transformers
+
+        transformers.utils.logging.disable_progress_bar()
         self.tokenizer = load_tokenizer(model_dir, as_saved=True)  # the pieces the model was trained on
         config = read_model_json(model_dir / "config.json")  # not AutoConfig: it imports torch (transformers 5)
         self.id2label = model_labels(config)

@@ -3,15 +3,19 @@ installed packages, the log line, and an explicit --runtime winning."""
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import shutil
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
 
-from ner.cpu import cpu_class, cpu_flags
+from ner.cpu import cpu_class, cpu_flags, this_cpu_class
 from ner.inference import runtime_choice
-from ner.inference.runtime_choice import RUNTIME_ORDER, choose, resolve_runtime
+from ner.inference.runtime_choice import RUNTIME_ORDER, accelerator_present, choose, resolve_runtime
 from ner.inference.runtimes import (
     AUTO_RUNTIME,
     FAST_RUNTIMES_FLAG,
@@ -21,6 +25,7 @@ from ner.inference.runtimes import (
     OPENVINO_INT8,
     RUNTIME_CHOICES,
     RUNTIME_FILES,
+    RUNTIME_PACKAGES,
     RUNTIMES,
     TORCH,
 )
@@ -129,6 +134,60 @@ def test_a_gpu_device_picks_torch_and_a_cpu_device_its_class(tmp_path, monkeypat
     monkeypatch.setattr(runtime_choice, "this_cpu_class", lambda: "avx2")
     assert resolve_runtime(AUTO_RUNTIME, folder, "cuda:1") == TORCH
     assert resolve_runtime(AUTO_RUNTIME, folder, "cpu") == ONNX_INT8
+
+
+# Hides torch from every import finder of the interpreter it runs in, as an install without torch: find_spec finds
+# nothing and `import torch` fails. Then says what auto picks on macOS (where the accelerator probe asks torch).
+AUTO_WITHOUT_TORCH = textwrap.dedent("""
+    import sys
+    from pathlib import Path
+
+    class WithoutTorch:
+        def __init__(self, finder):
+            self.finder = finder
+
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] == "torch":
+                return None
+            return self.finder.find_spec(name, path, target)
+
+        def __getattr__(self, name):
+            return getattr(self.finder, name)
+
+    sys.meta_path[:] = [WithoutTorch(finder) for finder in sys.meta_path]
+    from ner.inference.runtime_choice import resolve_runtime
+    sys.platform = "darwin"
+    print(resolve_runtime("auto", Path(sys.argv[1])), "torch" in sys.modules)
+""")
+
+
+def test_auto_without_torch_picks_among_the_other_runtimes_on_macos(tmp_path):
+    """macOS always counts as having an accelerator, so the probe would ask torch which device it runs on: without
+    torch installed it must not, and auto picks what the CPU's order allows without torch's packages."""
+    folder = folder_with(tmp_path, RUNTIMES)
+    expected = choose(this_cpu_class(), folder,
+                      lambda name: None if name in RUNTIME_PACKAGES[TORCH] else importlib.util.find_spec(name))
+    if expected.runtime == TORCH:
+        pytest.skip("no runtime but torch's is installed here")
+    done = subprocess.run([sys.executable, "-c", AUTO_WITHOUT_TORCH, str(folder)], capture_output=True, text=True,
+                          timeout=120, cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == [expected.runtime, "False"]
+
+
+def test_a_gpu_is_seen_by_any_nvidia_node_not_the_first_only(tmp_path, monkeypatch):
+    """A container given GPU 3 may hold /dev/nvidia3 alone; the driver's control nodes say nothing of a GPU."""
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    for node in ("nvidiactl", "nvidia-uvm", "nvidia-modeset"):
+        (dev / node).touch()
+    monkeypatch.setattr(runtime_choice, "DEV", dev)
+    monkeypatch.setattr(runtime_choice.sys, "platform", "linux")
+    assert not accelerator_present()
+    for node in ("nvidia3", "kfd", "dxg"):  # NVIDIA's GPU 3, ROCm, WSL's GPU
+        (dev / node).touch()
+        assert accelerator_present(), node
+        (dev / node).unlink()
 
 
 def test_auto_is_the_default_of_every_command_that_tags(random_model):

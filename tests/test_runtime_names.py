@@ -14,7 +14,7 @@ DECLARED_IN = "ner/inference/runtimes.py"
 # The strings equal to a runtime's name that stand for something else: (file, string) -> (how many, why)
 NOT_RUNTIMES = {
     (DECLARED_IN, "openvino"): (1, "the package OPENVINO_RUNTIMES are read off"),
-    ("ner/inference/runtime_choice.py", "torch"): (1, "the module in sys.modules"),
+    ("ner/inference/runtime_choice.py", "torch"): (1, "the package, installed or in sys.modules"),
     ("ner/extras.py", "torch"): (1, "a package INSTALL names"),
     ("ner/extras.py", "onnx"): (2, "an extra of pyproject.toml and a package it brings"),
     ("ner/extras.py", "openvino"): (2, "an extra of pyproject.toml and a package it brings"),

@@ -4,6 +4,7 @@ installed packages, the log line, and an explicit --runtime winning."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import shutil
 import subprocess
@@ -198,6 +199,37 @@ def test_auto_is_the_default_of_every_command_that_tags(random_model):
     assert RUNTIME_CHOICES == (AUTO_RUNTIME, *RUNTIMES)
     for parser, extra in ((predict_parser, []), (evaluate_parser, ["x.conll"]), (serve_parser, [])):
         assert parser().parse_args([str(random_model), *extra]).runtime == AUTO_RUNTIME
+
+
+@pytest.fixture(scope="module")
+def onnx_export(random_model, tmp_path_factory) -> Path:
+    """The tiny model exported with model.onnx: the file two fast runtimes (onnx, openvino) read."""
+    pytest.importorskip("onnxruntime")
+    from ner.export import main as export_main
+
+    source = shutil.copytree(random_model, tmp_path_factory.mktemp("auto_onnx_src") / "final")
+    (source / "training_args.json").write_text(json.dumps({"max_seq_length": 32}), encoding="utf-8")
+    out = tmp_path_factory.mktemp("auto_onnx") / "exported"
+    assert export_main([str(source), str(out), "--onnx"]) == 0
+    return out
+
+
+def test_the_python_api_is_auto_by_default_and_tags_as_ner_predict(onnx_export, tmp_path, capsys):
+    """Tagger and RayTagger, given no runtime, run what ner.predict runs on the same folder (docs/prediction.md
+    promises its output): a fast runtime where the export has one's files, not torch."""
+    from ner.corpus import RayTagger
+    from ner.inference.tagger import Tagger
+    from ner.predict import main as predict_main
+
+    expected = resolve_runtime(AUTO_RUNTIME, onnx_export)
+    assert expected != TORCH
+    tagger = Tagger(onnx_export)
+    assert tagger.runtime_name == expected and RayTagger(str(onnx_export)).tagger.runtime_name == expected
+    texts = ["Ada Lovelace visited London on Monday .", "Grace Hopper hired Alan Turing in Cairo ."]
+    (tmp_path / "texts.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
+    capsys.readouterr()
+    assert predict_main([str(onnx_export), str(tmp_path / "texts.txt"), "--quiet"]) == 0
+    assert [json.loads(line) for line in capsys.readouterr().out.splitlines()] == tagger.predict(texts)
 
 
 def test_a_tagger_runs_what_auto_picked_and_a_swap_keeps_it(random_model, tmp_path, monkeypatch):

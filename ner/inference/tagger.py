@@ -11,6 +11,9 @@ openvino_runtime.py).
     tags, probabilities = Tagger("runs/ner/final").tag(examples)
     results = Tagger("runs/ner/final").predict(["Angela Merkel met Emmanuel Macron in Paris."])
 
+The runtime is ner.predict's default, "auto" (runtime_choice.py): the fastest this device and the folder's files
+allow, so the Python API gives what the command gives; `runtime="torch"` (or another) names one.
+
 torch is imported only where the torch runtime or training needs it: tagging with an ONNX runtime never
 imports it (nor transformers' AutoConfig / AutoTokenizer, which import torch in transformers 5: the
 config is read as JSON and the tokenizer class is looked up by its name, see data/tokenizer.py).
@@ -38,7 +41,7 @@ from ner.inference.openvino_runtime import OpenVinoRuntime
 from ner.inference.options import PAD_TO_MULTIPLE_OF, check_max_seq_length, inference_budget, parse_min_score
 from ner.inference.runtime import runtime_path
 from ner.inference.runtime_choice import resolve_runtime
-from ner.inference.runtimes import OPENVINO_RUNTIMES, RUNTIME_CHOICES, TORCH
+from ner.inference.runtimes import AUTO_RUNTIME, OPENVINO_RUNTIMES, RUNTIME_CHOICES, TORCH
 from ner.inference.torch_runtime import TorchRuntime
 
 log = logging.getLogger("ner")
@@ -82,7 +85,7 @@ class Tagger:
 
     def __init__(self, model_dir: str | Path, device: str | None = None, precision: str = "auto",
                  max_seq_length: int | None = None, pad_to_multiple_of: int = PAD_TO_MULTIPLE_OF,
-                 context: str = "auto", decode: str | None = None, runtime: str = TORCH,
+                 context: str = "auto", decode: str | None = None, runtime: str = AUTO_RUNTIME,
                  min_score: str | list[str] | None = None) -> None:
         import transformers
 

@@ -232,17 +232,20 @@ def test_the_python_api_is_auto_by_default_and_tags_as_ner_predict(onnx_export, 
     assert [json.loads(line) for line in capsys.readouterr().out.splitlines()] == tagger.predict(texts)
 
 
-def test_a_tagger_runs_what_auto_picked_and_a_swap_keeps_it(random_model, tmp_path, monkeypatch):
-    """A folder with torch's files only: auto is torch on any CPU class; the pick is what like() loads again."""
+def test_a_swap_runs_what_auto_picks_for_the_new_folder(onnx_export, random_model, tmp_path, monkeypatch):
+    """A Label Studio swap (like()) to an export without the fast runtime's files runs what auto allows there
+    (torch), and a swap back runs the fast one again: auto is resolved per folder, not pinned by the first."""
     from ner.inference.tagger import Tagger
 
-    folder = tmp_path / "final"
-    shutil.copytree(random_model, folder)
+    torch_only = shutil.copytree(random_model, tmp_path / "final")
     for device_class in ("avx2", "amx"):
         monkeypatch.setattr(runtime_choice, "this_cpu_class", lambda device_class=device_class: device_class)
-        tagger = Tagger(folder, runtime=AUTO_RUNTIME, device="cpu")
-        assert tagger.runtime_name == TORCH and tagger.options["runtime"] == TORCH
-        assert tagger.like(folder).runtime_name == TORCH
+        fast = choose(device_class, onnx_export).runtime
+        assert fast != TORCH
+        tagger = Tagger(onnx_export, runtime=AUTO_RUNTIME, device="cpu")
+        assert tagger.runtime_name == fast
+        swapped = tagger.like(torch_only)
+        assert swapped.runtime_name == TORCH and swapped.like(onnx_export).runtime_name == fast
 
 
 def test_ner_predict_says_on_stderr_what_auto_picked(random_model, tmp_path, capsys):

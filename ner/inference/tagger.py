@@ -98,7 +98,8 @@ class Tagger:
             raise UserError(f"{model_dir}: not a model folder (no config.json); pass OUTPUT_DIR/final")
         if runtime not in RUNTIME_CHOICES:
             raise UserError(f"--runtime {runtime}: expected one of {', '.join(RUNTIME_CHOICES)}")
-        runtime = self.options["runtime"] = resolve_runtime(runtime, model_dir, device)  # like() keeps the pick
+        # options keep "auto": like() resolves it again for the new folder, whose export may lack this pick's files
+        runtime = resolve_runtime(runtime, model_dir, device)
         self.tokenizer = load_tokenizer(model_dir, as_saved=True)  # the pieces the model was trained on
         config = read_model_json(model_dir / "config.json")  # not AutoConfig: it imports torch (transformers 5)
         self.id2label = model_labels(config)
@@ -148,7 +149,8 @@ class Tagger:
                    context=args.context, decode=args.decode, runtime=args.runtime, min_score=args.min_score)
 
     def like(self, model_dir: str | Path) -> Tagger:
-        """Another export, loaded with the options this one was given (a server's swap keeps its settings)."""
+        """Another export, loaded with the options this one was given (a server's swap keeps its settings); "auto"
+        picks for that export's files."""
         return Tagger(model_dir, **self.options)
 
     def uses_context(self, examples: list[Example]) -> bool:

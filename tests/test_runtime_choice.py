@@ -248,6 +248,18 @@ def test_a_swap_runs_what_auto_picks_for_the_new_folder(onnx_export, random_mode
         assert swapped.runtime_name == TORCH and swapped.like(onnx_export).runtime_name == fast
 
 
+def test_evaluate_json_records_the_runtime_and_whether_auto_chose_it(onnx_export, tiny_data, tmp_path):
+    """The scores depend on the runtime that computed them: --json names it, and says where auto picked it."""
+    from ner.evaluate import main as evaluate_main
+
+    report = tmp_path / "report.json"
+    for flags, runtime, by_auto in (([], resolve_runtime(AUTO_RUNTIME, onnx_export), True),
+                                    (["--runtime", TORCH], TORCH, False)):
+        assert evaluate_main([str(onnx_export), str(tiny_data["test"]), "--json", str(report), *flags]) == 0
+        written = json.loads(report.read_text())
+        assert (written["runtime"], written["runtime_auto"]) == (runtime, by_auto)
+
+
 def test_ner_predict_says_on_stderr_what_auto_picked(random_model, tmp_path, capsys):
     from ner.predict import main as predict_main
 

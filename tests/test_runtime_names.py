@@ -31,7 +31,6 @@ NOT_RUNTIMES = {
     ("tests/test_layout.py", "onnx"): (1, "a module the import rules name"),
     ("tests/test_reliability.py", "torch"): (1, "a package whose version a run records"),
     ("tests/test_openvino.py", "openvino"): (1, "pytest.importorskip's package"),
-    ("tests/test_runtime_matrix.py", "openvino"): (1, "pytest.importorskip's package"),
     ("tests/test_runtime_choice.py", "openvino"): (1, "the package a stubbed find_spec lacks"),
     ("tests/test_extras.py", "onnx"): (1, "the package a stubbed find_spec lacks"),
 }

@@ -1,5 +1,6 @@
 """--runtime auto: the CPU class read from /proc/cpuinfo's flags, the pick per class among the export's files and the
-installed packages, the log line, and an explicit --runtime winning."""
+installed packages, the log line, an explicit --runtime winning, the GPU probe (without torch, on any /dev/nvidiaN),
+the Python API's default, a swap resolving auto for the new folder, and ner.evaluate's record of the pick."""
 
 from __future__ import annotations
 

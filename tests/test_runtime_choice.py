@@ -215,13 +215,16 @@ def onnx_export(random_model, tmp_path_factory) -> Path:
     return out
 
 
-def test_the_python_api_is_auto_by_default_and_tags_as_ner_predict(onnx_export, tmp_path, capsys):
+def test_the_python_api_is_auto_by_default_and_tags_as_ner_predict(onnx_export, tmp_path, capsys, monkeypatch):
     """Tagger and RayTagger, given no runtime, run what ner.predict runs on the same folder (docs/prediction.md
-    promises its output): a fast runtime where the export has one's files, not torch."""
+    promises its output): a fast runtime where the export has one's files, not torch. As on a host without a GPU,
+    where auto would pick torch whatever the default."""
     from ner.corpus import RayTagger
     from ner.inference.tagger import Tagger
     from ner.predict import main as predict_main
 
+    monkeypatch.setattr(runtime_choice, "device_class_of", lambda device, real=runtime_choice.device_class_of:
+                        real(device or "cpu"))
     expected = resolve_runtime(AUTO_RUNTIME, onnx_export)
     assert expected != TORCH
     tagger = Tagger(onnx_export)

@@ -68,11 +68,13 @@ def one_at_a_time_hf(model_dir: Path, examples: list[Example]) -> dict:
 
 
 def evaluation_tagger(model_dir: Path):
-    """A Tagger set up as the run that exported `model_dir` evaluated: its window length, width rounding, dtype."""
+    """A Tagger set up as the run that exported `model_dir` evaluated: its window length, width rounding, dtype (and
+    torch, the runtime training evaluates with)."""
+    from ner.inference.runtimes import TORCH
     from ner.inference.tagger import Tagger
 
     training_args = json.loads((model_dir / "training_args.json").read_text())
-    tagger = Tagger(model_dir, precision=training_args["mixed_precision"],
+    tagger = Tagger(model_dir, precision=training_args["mixed_precision"], runtime=TORCH,
                     max_seq_length=training_args["max_seq_length"],
                     pad_to_multiple_of=training_args.get("pad_to_multiple_of", 1))
     return tagger, training_args
@@ -93,15 +95,17 @@ def timed_evaluate(tagger, training_args: dict, examples: list[Example]) -> dict
 
 def measure_inference(model_dir: Path, examples: list[Example]) -> dict:
     """Every row of the inference table (see the module docstring), keyed by a label naming path and dtype."""
+    from ner.inference.runtimes import TORCH
     from ner.inference.tagger import Tagger
 
+    # torch, as the reference is: the rows measure batching and dtype, not the runtime (benchmarks/inference.py does)
     results = {REFERENCE_INFERENCE: one_at_a_time_hf(model_dir, examples)}
     for precision in ("auto", "no"):
-        tagger = Tagger(model_dir, precision=precision)
+        tagger = Tagger(model_dir, precision=precision, runtime=TORCH)
         tagger.tag(examples[:64])  # kernels and thread pools warm before the timing
         results[f"ner.inference.tagger Tagger.tag, length-batched ({tagger.precision})"] = timed_tags(
             lambda t=tagger: t.tag(examples)[0], examples)
-    tagger = Tagger(model_dir)
+    tagger = Tagger(model_dir, runtime=TORCH)
     results[f"ner.inference.tagger Tagger.tag, one sentence per call ({tagger.precision})"] = timed_tags(
         lambda: [tagger.tag([e])[0][0] for e in examples], examples)
     tagger, training_args = evaluation_tagger(model_dir)

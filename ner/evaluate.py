@@ -33,6 +33,7 @@ from ner.data.tags import check_known_labels
 from ner.errors import UserError, cli
 from ner.inference.analysis import Match, Span, analyse, format_analysis, match_entities
 from ner.inference.options import add_inference_arguments, show_choice_on_stderr
+from ner.inference.runtimes import AUTO_RUNTIME
 from ner.metrics import entity_scores, get_entities, seqeval_kwargs
 from ner.training.config import add_data_arguments
 
@@ -147,7 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     print("\n\n".join(format_sentence(rank, examples[i], predicted[i]) for rank, i in enumerate(worst, start=1))
           or "(no sentence has an entity error)")
     if args.json is not None:
+        # the runtime computed the scores: the one auto resolved to, and whether it was auto's pick
         report = {"model_dir": str(args.model_dir), "file": str(args.file), "sentences": len(examples),
+                  "runtime": tagger.runtime_name, "runtime_auto": args.runtime == AUTO_RUNTIME,
                   "scheme": scheme, **scores, **analysis, "worst": to_json(examples, predicted, worst)}
         args.json.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     if args.plots is not None:

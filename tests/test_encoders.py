@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from ner import train as train_cli
 from ner.backends import BF16, NO_MIXED_PRECISION
 from ner.data.tokenizer import load_tokenizer
-from ner.inference.runtimes import ONNX
+from ner.inference.runtimes import ONNX, TORCH
 
 RAW = ["Angela Merkel met Emmanuel Macron in Paris on Monday.", "",
        "Shares of Acme Corp. rose 3.5% in São Paulo after O'Neill's talk \U0001F600 there."]
@@ -121,7 +121,7 @@ def test_exports_to_onnx_past_its_parity_check(trained, tmp_path):
 
     name, _, out = trained
     assert export_main([str(out / "final"), str(tmp_path / "onnx_export"), "--onnx"]) == 0, name
-    torch_result = Tagger(out / "final", precision=NO_MIXED_PRECISION).predict(RAW)
+    torch_result = Tagger(out / "final", precision=NO_MIXED_PRECISION, runtime=TORCH).predict(RAW)
     onnx_result = Tagger(tmp_path / "onnx_export", runtime=ONNX).predict(RAW)
     for ours, theirs in zip(torch_result, onnx_result):
         assert [(e["start"], e["end"], e["type"]) for e in ours["entities"]] == [

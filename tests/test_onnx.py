@@ -63,7 +63,7 @@ def test_export_parity_on_new_shapes(exported):
 
 def test_each_runtime_tags_like_torch(exported, tiny_data):
     examples = read_conll(tiny_data["validation"]) + read_conll(tiny_data["test"])
-    torch_tags, torch_probs = Tagger(exported, precision=NO_MIXED_PRECISION).tag(examples)
+    torch_tags, torch_probs = Tagger(exported, precision=NO_MIXED_PRECISION, runtime=TORCH).tag(examples)
     onnx_tags, onnx_probs = Tagger(exported, runtime=ONNX).tag(examples)
     assert onnx_tags == torch_tags
     np.testing.assert_allclose(np.concatenate(onnx_probs), np.concatenate(torch_probs), atol=1e-4)

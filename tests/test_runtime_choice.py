@@ -1,17 +1,23 @@
 """--runtime auto: the CPU class read from /proc/cpuinfo's flags, the pick per class among the export's files and the
-installed packages, the log line, and an explicit --runtime winning."""
+installed packages, the log line, an explicit --runtime winning, the GPU probe (without torch, on any /dev/nvidiaN),
+the Python API's default, a swap resolving auto for the new folder, and ner.evaluate's record of the pick."""
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import logging
 import shutil
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
 
-from ner.cpu import cpu_class, cpu_flags
+from ner.cpu import cpu_class, cpu_flags, this_cpu_class
 from ner.inference import runtime_choice
-from ner.inference.runtime_choice import RUNTIME_ORDER, choose, resolve_runtime
+from ner.inference.runtime_choice import RUNTIME_ORDER, accelerator_present, choose, resolve_runtime
 from ner.inference.runtimes import (
     AUTO_RUNTIME,
     FAST_RUNTIMES_FLAG,
@@ -21,6 +27,7 @@ from ner.inference.runtimes import (
     OPENVINO_INT8,
     RUNTIME_CHOICES,
     RUNTIME_FILES,
+    RUNTIME_PACKAGES,
     RUNTIMES,
     TORCH,
 )
@@ -131,6 +138,60 @@ def test_a_gpu_device_picks_torch_and_a_cpu_device_its_class(tmp_path, monkeypat
     assert resolve_runtime(AUTO_RUNTIME, folder, "cpu") == ONNX_INT8
 
 
+# Hides torch from every import finder of the interpreter it runs in, as an install without torch: find_spec finds
+# nothing and `import torch` fails. Then says what auto picks on macOS (where the accelerator probe asks torch).
+AUTO_WITHOUT_TORCH = textwrap.dedent("""
+    import sys
+    from pathlib import Path
+
+    class WithoutTorch:
+        def __init__(self, finder):
+            self.finder = finder
+
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] == "torch":
+                return None
+            return self.finder.find_spec(name, path, target)
+
+        def __getattr__(self, name):
+            return getattr(self.finder, name)
+
+    sys.meta_path[:] = [WithoutTorch(finder) for finder in sys.meta_path]
+    from ner.inference.runtime_choice import resolve_runtime
+    sys.platform = "darwin"
+    print(resolve_runtime("auto", Path(sys.argv[1])), "torch" in sys.modules)
+""")
+
+
+def test_auto_without_torch_picks_among_the_other_runtimes_on_macos(tmp_path):
+    """macOS always counts as having an accelerator, so the probe would ask torch which device it runs on: without
+    torch installed it must not, and auto picks what the CPU's order allows without torch's packages."""
+    folder = folder_with(tmp_path, RUNTIMES)
+    expected = choose(this_cpu_class(), folder,
+                      lambda name: None if name in RUNTIME_PACKAGES[TORCH] else importlib.util.find_spec(name))
+    if expected.runtime == TORCH:
+        pytest.skip("no runtime but torch's is installed here")
+    done = subprocess.run([sys.executable, "-c", AUTO_WITHOUT_TORCH, str(folder)], capture_output=True, text=True,
+                          timeout=120, cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == [expected.runtime, "False"]
+
+
+def test_a_gpu_is_seen_by_any_nvidia_node_not_the_first_only(tmp_path, monkeypatch):
+    """A container given GPU 3 may hold /dev/nvidia3 alone; the driver's control nodes say nothing of a GPU."""
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    for node in ("nvidiactl", "nvidia-uvm", "nvidia-modeset"):
+        (dev / node).touch()
+    monkeypatch.setattr(runtime_choice, "DEV", dev)
+    monkeypatch.setattr(runtime_choice.sys, "platform", "linux")
+    assert not accelerator_present()
+    for node in ("nvidia3", "kfd", "dxg"):  # NVIDIA's GPU 3, ROCm, WSL's GPU
+        (dev / node).touch()
+        assert accelerator_present(), node
+        (dev / node).unlink()
+
+
 def test_auto_is_the_default_of_every_command_that_tags(random_model):
     from ner.evaluate import build_parser as evaluate_parser
     from ner.predict import build_parser as predict_parser
@@ -141,17 +202,66 @@ def test_auto_is_the_default_of_every_command_that_tags(random_model):
         assert parser().parse_args([str(random_model), *extra]).runtime == AUTO_RUNTIME
 
 
-def test_a_tagger_runs_what_auto_picked_and_a_swap_keeps_it(random_model, tmp_path, monkeypatch):
-    """A folder with torch's files only: auto is torch on any CPU class; the pick is what like() loads again."""
+@pytest.fixture(scope="module")
+def onnx_export(random_model, tmp_path_factory) -> Path:
+    """The tiny model exported with model.onnx: the file two fast runtimes (onnx, openvino) read."""
+    pytest.importorskip("onnxruntime")
+    from ner.export import main as export_main
+
+    source = shutil.copytree(random_model, tmp_path_factory.mktemp("auto_onnx_src") / "final")
+    (source / "training_args.json").write_text(json.dumps({"max_seq_length": 32}), encoding="utf-8")
+    out = tmp_path_factory.mktemp("auto_onnx") / "exported"
+    assert export_main([str(source), str(out), "--onnx"]) == 0
+    return out
+
+
+def test_the_python_api_is_auto_by_default_and_tags_as_ner_predict(onnx_export, tmp_path, capsys, monkeypatch):
+    """Tagger and RayTagger, given no runtime, run what ner.predict runs on the same folder (docs/prediction.md
+    promises its output): a fast runtime where the export has one's files, not torch. As on a host without a GPU,
+    where auto would pick torch whatever the default."""
+    from ner.corpus import RayTagger
+    from ner.inference.tagger import Tagger
+    from ner.predict import main as predict_main
+
+    monkeypatch.setattr(runtime_choice, "device_class_of", lambda device, real=runtime_choice.device_class_of:
+                        real(device or "cpu"))
+    expected = resolve_runtime(AUTO_RUNTIME, onnx_export)
+    assert expected != TORCH
+    tagger = Tagger(onnx_export)
+    assert tagger.runtime_name == expected and RayTagger(str(onnx_export)).tagger.runtime_name == expected
+    texts = ["Ada Lovelace visited London on Monday .", "Grace Hopper hired Alan Turing in Cairo ."]
+    (tmp_path / "texts.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
+    capsys.readouterr()
+    assert predict_main([str(onnx_export), str(tmp_path / "texts.txt"), "--quiet"]) == 0
+    assert [json.loads(line) for line in capsys.readouterr().out.splitlines()] == tagger.predict(texts)
+
+
+def test_a_swap_runs_what_auto_picks_for_the_new_folder(onnx_export, random_model, tmp_path, monkeypatch):
+    """A Label Studio swap (like()) to an export without the fast runtime's files runs what auto allows there
+    (torch), and a swap back runs the fast one again: auto is resolved per folder, not pinned by the first."""
     from ner.inference.tagger import Tagger
 
-    folder = tmp_path / "final"
-    shutil.copytree(random_model, folder)
+    torch_only = shutil.copytree(random_model, tmp_path / "final")
     for device_class in ("avx2", "amx"):
         monkeypatch.setattr(runtime_choice, "this_cpu_class", lambda device_class=device_class: device_class)
-        tagger = Tagger(folder, runtime=AUTO_RUNTIME, device="cpu")
-        assert tagger.runtime_name == TORCH and tagger.options["runtime"] == TORCH
-        assert tagger.like(folder).runtime_name == TORCH
+        fast = choose(device_class, onnx_export).runtime
+        assert fast != TORCH
+        tagger = Tagger(onnx_export, runtime=AUTO_RUNTIME, device="cpu")
+        assert tagger.runtime_name == fast
+        swapped = tagger.like(torch_only)
+        assert swapped.runtime_name == TORCH and swapped.like(onnx_export).runtime_name == fast
+
+
+def test_evaluate_json_records_the_runtime_and_whether_auto_chose_it(onnx_export, tiny_data, tmp_path):
+    """The scores depend on the runtime that computed them: --json names it, and says where auto picked it."""
+    from ner.evaluate import main as evaluate_main
+
+    report = tmp_path / "report.json"
+    for flags, runtime, by_auto in (([], resolve_runtime(AUTO_RUNTIME, onnx_export), True),
+                                    (["--runtime", TORCH], TORCH, False)):
+        assert evaluate_main([str(onnx_export), str(tiny_data["test"]), "--json", str(report), *flags]) == 0
+        written = json.loads(report.read_text())
+        assert (written["runtime"], written["runtime_auto"]) == (runtime, by_auto)
 
 
 def test_ner_predict_says_on_stderr_what_auto_picked(random_model, tmp_path, capsys):

@@ -18,6 +18,8 @@ class RayTagger:
         ds = ds.map_batches(RayTagger, fn_constructor_kwargs={"model_dir": "runs/ner/final"},
                             batch_size=DEFAULT_CHUNK_TEXTS, concurrency=4, num_gpus=1)
         ds.write_parquet("s3://bucket/tagged/")
+
+    `tagger_options` are Tagger's, so the runtime is ner.predict's default (auto) unless named.
     """
 
     def __init__(self, model_dir: str, text_column: str = "text", batch_size: int | None = None,

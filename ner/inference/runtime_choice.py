@@ -114,20 +114,27 @@ def device_class_of(device: str | None) -> str:
     ONNX or OpenVINO runtime on a CPU never imports it."""
     if device is not None:
         return this_cpu_class() if device.split(":")[0] == "cpu" else "gpu"
-    if "torch" in sys.modules or accelerator_present():
-        try:
-            from ner.backends import default_device
-        except ImportError:  # no torch: nothing can run on a GPU here but onnxruntime, whose CUDA is unmeasured
-            return this_cpu_class()
+    # No torch: nothing here runs on a GPU but onnxruntime, whose CUDA is unmeasured; asked before the probe, since
+    # importing ner.backends succeeds without torch and only default_device() would fail
+    if importlib.util.find_spec(TORCH_MODULE) is None:
+        return this_cpu_class()
+    if TORCH_MODULE in sys.modules or accelerator_present():
+        from ner.backends import default_device
+
         return this_cpu_class() if default_device().type == "cpu" else "gpu"
     return this_cpu_class()
 
 
-ACCELERATOR_NODES = ("/dev/nvidia0", "/dev/kfd", "/dev/dxg")  # NVIDIA, ROCm, WSL's GPU
+TORCH_MODULE = "torch"  # the package, asked whether installed or loaded
+DEV = Path("/dev")
+# NVIDIA's GPU N (a container given GPU 3 may hold /dev/nvidia3 alone; nvidiactl and nvidia-uvm come with the driver
+# whether or not a GPU is given), ROCm, WSL's GPU
+ACCELERATOR_NODES = ("nvidia[0-9]*", "kfd", "dxg")
 
 
 def accelerator_present(nodes: tuple[str, ...] = ACCELERATOR_NODES) -> bool:
-    return sys.platform == "darwin" or any(Path(node).exists() for node in nodes)
+    """Where torch may find an accelerator: macOS (MPS) or a GPU's device node under /dev."""
+    return sys.platform == "darwin" or any(next(DEV.glob(pattern), None) is not None for pattern in nodes)
 
 
 def resolve_runtime(runtime: str, model_dir: Path, device: str | None = None) -> str:

@@ -11,6 +11,9 @@ openvino_runtime.py).
     tags, probabilities = Tagger("runs/ner/final").tag(examples)
     results = Tagger("runs/ner/final").predict(["Angela Merkel met Emmanuel Macron in Paris."])
 
+The runtime is ner.predict's default, "auto" (runtime_choice.py): the fastest this device and the folder's files
+allow, so the Python API gives what the command gives; `runtime="torch"` (or another) names one.
+
 torch is imported only where the torch runtime or training needs it: tagging with an ONNX runtime never
 imports it (nor transformers' AutoConfig / AutoTokenizer, which import torch in transformers 5: the
 config is read as JSON and the tokenizer class is looked up by its name, see data/tokenizer.py).
@@ -39,7 +42,7 @@ from ner.inference.openvino_runtime import OpenVinoRuntime
 from ner.inference.options import PAD_TO_MULTIPLE_OF, check_max_seq_length, inference_budget, parse_min_score
 from ner.inference.runtime import runtime_path
 from ner.inference.runtime_choice import resolve_runtime
-from ner.inference.runtimes import OPENVINO_RUNTIMES, RUNTIME_CHOICES, RUNTIME_PACKAGES, TORCH
+from ner.inference.runtimes import AUTO_RUNTIME, OPENVINO_RUNTIMES, RUNTIME_CHOICES, RUNTIME_PACKAGES, TORCH
 from ner.inference.torch_runtime import TorchRuntime
 
 log = logging.getLogger("ner")
@@ -83,7 +86,7 @@ class Tagger:
 
     def __init__(self, model_dir: str | Path, device: str | None = None, precision: str = "auto",
                  max_seq_length: int | None = None, pad_to_multiple_of: int = PAD_TO_MULTIPLE_OF,
-                 context: str = "auto", decode: str | None = None, runtime: str = TORCH,
+                 context: str = "auto", decode: str | None = None, runtime: str = AUTO_RUNTIME,
                  min_score: str | list[str] | None = None) -> None:
         self.options = {"device": device, "precision": precision, "max_seq_length": max_seq_length,
                         "pad_to_multiple_of": pad_to_multiple_of, "context": context, "decode": decode,
@@ -93,7 +96,8 @@ class Tagger:
             raise UserError(f"{model_dir}: not a model folder (no config.json); pass OUTPUT_DIR/final")
         if runtime not in RUNTIME_CHOICES:
             raise UserError(f"--runtime {runtime}: expected one of {', '.join(RUNTIME_CHOICES)}")
-        runtime = self.options["runtime"] = resolve_runtime(runtime, model_dir, device)  # like() keeps the pick
+        # options keep "auto": like() resolves it again for the new folder, whose export may lack this pick's files
+        runtime = resolve_runtime(runtime, model_dir, device)
         # before anything is loaded: the runtime's packages, as the registry declares them (torch too, which an
         # ONNX-only deployment may leave out)
         require(f"--runtime {runtime}", *RUNTIME_PACKAGES[runtime])
@@ -149,7 +153,8 @@ class Tagger:
                    context=args.context, decode=args.decode, runtime=args.runtime, min_score=args.min_score)
 
     def like(self, model_dir: str | Path) -> Tagger:
-        """Another export, loaded with the options this one was given (a server's swap keeps its settings)."""
+        """Another export, loaded with the options this one was given (a server's swap keeps its settings); "auto"
+        picks for that export's files."""
         return Tagger(model_dir, **self.options)
 
     def uses_context(self, examples: list[Example]) -> bool:

@@ -51,7 +51,7 @@ RUNTIME_ORDER: dict[str, tuple[tuple[str, str], ...]] = {
         (TORCH, "bf16, 4.32x a pipeline"),
         (ONNX, "3.55x a pipeline")),
     "avx512-vnni": (
-        (OPENVINO_INT8, "reasoned: the 8.54x-9.05x of AVX-512 VNNI with BF16 is int8 on VNNI (a bf16 hint gained nothing)"),
+        (OPENVINO_INT8, "reasoned: AVX-512 VNNI with BF16's 8.54x-9.05x is int8 on VNNI (bf16 gained nothing)"),
         (ONNX_INT8, "reasoned: the 5.13x of AVX-512 VNNI with BF16, int8 on VNNI"),
         (OPENVINO, "reasoned: fp32 without bf16 units, as on AVX2 (2.73x a pipeline)"),
         (ONNX, "reasoned: fp32, as on AVX2 (2.62x a pipeline)"),

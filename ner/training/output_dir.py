@@ -31,13 +31,20 @@ def claim_output_dir(cfg: TrainConfig, backend: Backend, trackers: TrackerClaim,
                      resume_from: Path | None = None) -> None:
     """Refuse to mix two runs in one folder unless told to overwrite or resume (a run starts afresh, `--resume auto`
     that found no complete checkpoint included, only where no run wrote); refuse, before anything is removed, to
-    remove or replace anything no record shows a run wrote. Claimed, the main process takes the run's `trackers`."""
+    remove or replace anything no record shows a run wrote. A resume continues only the run of its checkpoint: a
+    checkpoint of another folder is resumed only into a folder that holds no run (or, told to, replaces it).
+    Claimed, the main process takes the run's `trackers`."""
     out = cfg.output_path
     if out.exists() and not out.is_dir():
         raise UserError(f"{out}: --output-dir exists and is not a folder")
     taken = run_markers(out)
-    if resume_from is None and cfg.overwrite_output_dir:
+    # --resume auto finds its checkpoint in `out` only; a PATH may name another folder's
+    own = resume_from is not None and (cfg.resume == "auto" or is_own_checkpoint(out, resume_from))
+    if not own and cfg.overwrite_output_dir:
         replace_previous_run(out, backend)
+    elif taken and resume_from is not None and not own:
+        raise UserError(f"{out}: holds another run ({', '.join(taken)}), not the run of --resume {resume_from}; "
+                        "pass --overwrite-output-dir to replace it, or choose another --output-dir")
     elif taken and cfg.resume is None:
         raise UserError(f"{out}: holds another run ({', '.join(taken)}); pass --resume auto to continue it, "
                         "--overwrite-output-dir to replace it, or choose another --output-dir")
@@ -51,6 +58,12 @@ def claim_output_dir(cfg: TrainConfig, backend: Backend, trackers: TrackerClaim,
     if backend.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
         trackers.take(out)
+
+
+def is_own_checkpoint(out: Path, checkpoint: Path) -> bool:
+    """`checkpoint` is one of `out`'s own (OUTPUT_DIR/checkpoints/step_N): resuming it continues the run there. Any
+    other (--resume PATH of another folder) would let rotation, the export and metrics.jsonl take over a run there."""
+    return Path(checkpoint).resolve().parent == ckpt.checkpoint_root(out).resolve()
 
 
 def run_markers(out: Path) -> list[str]:

@@ -713,3 +713,35 @@ def alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def fake_ner_train(random_model):
+    """Stands in for ner.train in a retraining: a new export in run_dir/final (other weights: a new model_version)."""
+    import shutil
+
+    async def fake_training(export, run_dir):
+        shutil.copytree(random_model, run_dir / "final")
+        (run_dir / "final" / "model.safetensors").write_bytes(os.urandom(64))
+        return 0
+
+    return fake_training
+
+
+@pytest.mark.parametrize("failing", ["record_run", "prune"])
+def test_a_failure_to_record_or_prune_ends_the_training_as_failed_with_its_message(tagger, random_model,
+                                                                                   retraining_env, monkeypatch,
+                                                                                   failing):
+    from ner.serving import retrain
+
+    def fail(*args):
+        raise OSError(f"{failing}: no space left on device")
+
+    monkeypatch.setattr(*((retrain, "record_run") if failing == "record_run" else (retrain.Retrainer, "prune")), fail)
+    app = worker_app(tagger, random_model, [])
+    app.state.label_studio.retrainer.train = fake_ner_train(random_model)
+    app.state.label_studio.load_tagger = lambda model_dir: tagger
+    with TestClient(app) as client:
+        assert client.post("/label-studio/train", json={"project": 4}).json()["training"] is True
+        status = wait_for_training(client, timeout_s=20)
+        assert client.get("/label-studio/health").json()["training"]["status"] == "failed"
+    assert status["status"] == "failed" and status["error"] == f"{failing}: no space left on device", status

@@ -181,8 +181,11 @@ class Retrainer:
             log.exception("training for project %s failed", project)
             outcome = {"status": "failed", "error": str(exc)}
         finally:
-            try:  # in a thread: hashing and removing runs takes a while; under the lock: one prune at a time
+            try:  # in a thread: removing runs takes a while; under the lock: one prune at a time
                 await asyncio.to_thread(self.record_and_prune, run_dir)
+            except Exception as exc:  # the status must end: a training that stays "training" blocks nothing but lies
+                log.exception("recording or pruning the runs of project %s failed", project)
+                outcome = {"status": "failed", "error": str(exc)}
             finally:
                 self.lock.release()
         self.last = {**self.last, **outcome}

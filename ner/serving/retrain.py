@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ner.errors import UserError
-from ner.files import RECORD, atomic_write_text, file_entry, read_record, tree_paths, unrecorded, write_record
+from ner.files import RECORD, atomic_write_text, file_entry, read_record, remove_recorded, tree_paths, write_record
 from ner.inference.model_folder import model_version
 from ner.inference.options import RUNTIME_TRAIN_FLAGS
 
@@ -327,22 +327,9 @@ def record_run(run_dir: Path) -> None:
 def remove_run(run_dir: Path) -> None:
     """Remove what the run folder's record lists, as it was recorded; anything else there (a file of yours, one you
     edited) stays, with the folders that hold it, and the folder is no longer counted as a run."""
-    import shutil
-
     entries = read_record(run_dir, RETRAIN_TOOL) or {}
-    kept = [path for path, _ in unrecorded(run_dir, entries)]
-    if not kept:
-        shutil.rmtree(run_dir, ignore_errors=True)
-        return
-    holding = {parent for path in kept for parent in path.parents}
-    for name in sorted(entries, key=lambda name: name.count("/"), reverse=True):  # a folder after what it holds
-        path = run_dir / name
-        if path in holding or path in kept:
-            continue
-        try:
-            path.rmdir() if path.is_dir() and not path.is_symlink() else path.unlink(missing_ok=True)
-        except OSError:  # a folder that something unlisted entered meanwhile: it stays
-            continue
-    (run_dir / RECORD).unlink(missing_ok=True)
-    log.warning("%s: kept %s (not the retraining's, or changed since); removed the rest of the run", run_dir,
-                ", ".join(str(path.relative_to(run_dir)) for path in kept[:3]) + (" ..." if len(kept) > 3 else ""))
+    kept = [path for path in remove_recorded(run_dir, entries) if path != run_dir / RECORD]
+    remove_recorded(run_dir, {RECORD: {}}, whole=not kept)  # last: what is left is no run of the retrainer's any more
+    if kept:
+        log.warning("%s: kept %s (not the retraining's, or changed since); removed the rest of the run", run_dir,
+                    ", ".join(str(path.relative_to(run_dir)) for path in kept[:3]) + (" ..." if len(kept) > 3 else ""))

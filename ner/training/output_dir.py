@@ -10,13 +10,12 @@ What a run writes is named in training/run_files.py.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 from ner.backends import Backend
 from ner.backends.trackers import TRACKERS_DIR, TrackerClaim, unrecorded_tracker_files
 from ner.errors import UserError
-from ner.files import temporary_of
+from ner.files import remove_recorded, temporary_of, tree_paths
 from ner.training import checkpoint as ckpt
 from ner.training.config import TrainConfig
 from ner.training.export import checkpoint_export_names, export_unrecorded, is_export, not_the_exports
@@ -66,6 +65,12 @@ def is_own_checkpoint(out: Path, checkpoint: Path) -> bool:
     return Path(checkpoint).resolve().parent == ckpt.checkpoint_root(out).resolve()
 
 
+def marker_paths(out: Path, marker: str) -> list[str]:
+    """Every path under run marker `marker` of `out`, relative to `out`."""
+    path = out / marker
+    return [f"{marker}/{name}" for name in tree_paths(path)] if path.is_dir() and not path.is_symlink() else []
+
+
 def run_markers(out: Path) -> list[str]:
     return [m for m in RUN_MARKERS if (out / m).exists() or (out / m).is_symlink()]
 
@@ -81,10 +86,9 @@ def replace_previous_run(out: Path, backend: Backend) -> None:
             refuse_foreign(out, not_written_by_a_run(out, taken))
         except UserError as exc:
             refusal = exc
-        else:
-            for marker in taken:
-                path = out / marker
-                shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+        else:  # every path under the markers was just found to be the run's, by the run's records
+            remove_recorded(out, {path: {} for marker in taken for path in [marker, *marker_paths(out, marker)]},
+                            contents=False)
     backend.wait_for_everyone()
     if refusal is not None:
         raise refusal

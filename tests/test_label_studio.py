@@ -540,6 +540,17 @@ def retraining_env(tmp_path, monkeypatch):
     return tmp_path / "runs"
 
 
+def records_as_ner_train_does(run_dir: Path) -> None:
+    """For a fake ner.train: the records the real one leaves, final/'s export record and the run's own."""
+    from ner import files
+    from ner.training.export import EXPORT_TOOL
+    from ner.training.output_dir import write_run_record
+
+    final = run_dir / "final"
+    files.write_record(final, EXPORT_TOOL, {p.name: files.file_entry(p) for p in final.iterdir() if p.is_file()})
+    write_run_record(run_dir)
+
+
 def worker_app(tagger, random_model, export: list[dict]):
     app = create_app(tagger, random_model, Limits(), label_studio=True)
     app.state.label_studio.retrainer.transport = httpx.MockTransport(lambda request: httpx.Response(200, json=export))
@@ -562,6 +573,7 @@ def test_a_flood_of_webhooks_on_two_workers_trains_one_at_a_time_keeps_few_runs_
             await asyncio.sleep(0.3)
             shutil.copytree(random_model, run_dir / "final")
             (run_dir / "final" / "model.safetensors").write_bytes(os.urandom(64))  # a new model_version
+            records_as_ner_train_does(run_dir)
             return 0
         finally:
             running[0] -= 1
@@ -599,12 +611,13 @@ def test_a_prune_removes_only_what_the_old_run_folders_record_lists(tagger, rand
     run's that the user edited (with the folder holding them); the folder no longer counts as a run."""
     import shutil
 
-    from ner.files import RECORD
+    from ner.serving.retrain import RETRAIN_RECORD
 
     async def fake_training(export, run_dir):  # stands in for ner.train: a new export and a log
         shutil.copytree(random_model, run_dir / "final")
         (run_dir / "final" / "model.safetensors").write_bytes(os.urandom(64))  # a new model_version
         (run_dir / "train.log").write_text("trained\n")
+        records_as_ner_train_does(run_dir)
         return 0
 
     app = worker_app(tagger, random_model, [])
@@ -628,7 +641,7 @@ def test_a_prune_removes_only_what_the_old_run_folders_record_lists(tagger, rand
     left = sorted(p.relative_to(first).as_posix() for p in first.rglob("*"))
     assert left == ["final", "final/my_scores.json", "notes.txt", "train.log"]
     assert (first / "notes.txt").read_text() == "mine" and "my remark" in (first / "train.log").read_text()
-    assert sorted(p for p in retraining_env.glob("project*-*") if (p / RECORD).is_file())[0] == second
+    assert sorted(p for p in retraining_env.glob("project*-*") if (p / RETRAIN_RECORD).is_file())[0] == second
 
 
 def test_a_swapped_model_is_loaded_with_the_servers_own_options(random_model):
@@ -722,6 +735,7 @@ def fake_ner_train(random_model):
     async def fake_training(export, run_dir):
         shutil.copytree(random_model, run_dir / "final")
         (run_dir / "final" / "model.safetensors").write_bytes(os.urandom(64))
+        records_as_ner_train_does(run_dir)
         return 0
 
     return fake_training
@@ -745,3 +759,34 @@ def test_a_failure_to_record_or_prune_ends_the_training_as_failed_with_its_messa
         status = wait_for_training(client, timeout_s=20)
         assert client.get("/label-studio/health").json()["training"]["status"] == "failed"
     assert status["status"] == "failed" and status["error"] == f"{failing}: no space left on device", status
+
+
+def test_a_run_is_recorded_from_the_runs_own_records_and_never_lists_a_file_dropped_in_it(tiny_bert, tiny_data,
+                                                                                          tmp_path, monkeypatch):
+    """What ner.train wrote is recorded from its records (checkpoint manifests, the export's, the run's own), not by
+    hashing it again on the serving host (the optimizer state is gigabytes for BERT-base); a file of yours dropped in
+    the run folder while it trained is never the run's, so a prune leaves it."""
+    from conftest import tiny_args
+
+    from ner import files
+    from ner import train as train_cli
+    from ner.serving import retrain
+
+    run_dir = tmp_path / "runs" / "project1-20260101-000000"
+    run_dir.mkdir(parents=True)
+    (run_dir / "export.json").write_text("[]")
+    files.write_record(run_dir, retrain.RETRAIN_TOOL, {"export.json": files.file_entry(run_dir / "export.json")},
+                       retrain.RETRAIN_RECORD)  # as the retrainer's fetch records it
+    (run_dir / "train.log").write_text("trained\n")
+    assert train_cli.main(tiny_args(tiny_bert, tiny_data, run_dir, "--max-steps", "4", "--save-steps", "2")) == 0
+    (run_dir / "notes.txt").write_text("mine")  # dropped in while it trained
+    (run_dir / "final" / "my_scores.json").write_text("{}")
+    hashed = []
+    monkeypatch.setattr(files, "sha256_file", lambda path, real=files.sha256_file: hashed.append(path.name) or
+                        real(path))
+    retrain.record_run(run_dir)
+    assert "optimizer.pt" not in hashed and "model.safetensors" not in hashed, hashed
+    hashed.clear()
+    retrain.remove_run(run_dir)
+    assert sorted(p.relative_to(run_dir).as_posix() for p in run_dir.rglob("*")) == [
+        "final", "final/my_scores.json", "notes.txt"]

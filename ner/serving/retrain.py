@@ -5,6 +5,7 @@ its own, and the new export is swapped in, in every worker. RetrainOptions and R
 Starts ner.train as a process: serving never imports training."""
 
 import asyncio
+import hashlib
 import json
 import logging
 import os
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ner.errors import UserError
-from ner.files import RECORD, atomic_write_text, file_entry, read_record, remove_recorded, tree_paths, write_record
+from ner.files import RECORD, atomic_write_text, file_entry, read_record, remove_recorded, write_record
 from ner.inference.model_folder import model_version
 from ner.inference.options import RUNTIME_TRAIN_FLAGS
 
@@ -63,8 +64,11 @@ def _env_number(name: str, default, kind, minimum):
     return value
 
 
-# The tool of the record (ner/files.py) in each run folder the retrainer makes, whole: the only folders it removes.
+# The record (ner/files.py) in each run folder the retrainer makes, whole: the only folders it removes. Its own name:
+# the folder's .ner-record.json is the record ner.train keeps of what it wrote there (training/output_dir.py).
 RETRAIN_TOOL = "ner.serve"
+RETRAIN_RECORD = ".ner-retrain.json"
+TRAIN_TOOL = "ner.train"  # the command the retrainer starts, and the tool of its run record
 
 
 SERVING_FILE = "serving.json"  # the model the server's workers serve: {"session", "model_dir", "model_version"}
@@ -169,7 +173,7 @@ class Retrainer:
         try:
             run_dir = self.new_run_dir(project)
             self.last["output_dir"] = str(run_dir)
-            write_record(run_dir, RETRAIN_TOOL, {})
+            write_record(run_dir, RETRAIN_TOOL, {}, RETRAIN_RECORD)
             export = await self.fetch_export(project, run_dir / "export.json")
             returncode = await self.train(export, run_dir)
             if returncode != 0:
@@ -219,6 +223,8 @@ class Retrainer:
             response = await client.get(f"/api/projects/{project}/export", params={"exportType": "JSON"})
             response.raise_for_status()
         path.write_bytes(response.content)
+        pinned = {"size": len(response.content), "sha256": hashlib.sha256(response.content).hexdigest()}
+        write_record(path.parent, RETRAIN_TOOL, {path.name: pinned}, RETRAIN_RECORD)  # from the bytes it wrote
         log.info("project %s: %d tasks exported to %s", project, len(response.json()), path)
         return path
 
@@ -304,8 +310,9 @@ class Retrainer:
     def prune(self) -> None:
         """Keep the newest NER_RETRAIN_KEEP run folders this retrainer made (by when their record was written: when
         their training ended), and the served one."""
-        runs = sorted((p for p in self.options.runs_dir.glob("project*-*") if read_record(p, RETRAIN_TOOL) is not None),
-                      key=lambda p: (p / RECORD).stat().st_mtime, reverse=True)
+        runs = sorted((p for p in self.options.runs_dir.glob("project*-*")
+                       if read_record(p, RETRAIN_TOOL, RETRAIN_RECORD) is not None),
+                      key=lambda p: (p / RETRAIN_RECORD).stat().st_mtime, reverse=True)
         served = self.served.model_dir.resolve()
         for old in runs[self.options.keep_runs:]:
             if old.resolve() not in (served, served.parent):
@@ -314,22 +321,27 @@ class Retrainer:
 
 
 def record_run(run_dir: Path) -> None:
-    """List in the run folder's record everything it holds once its training has ended: the retrainer made the
-    folder, empty, and wrote there (export.json, train.log) or had ner.train write there; files pinned by their
-    bytes, so one edited since is no longer the retrainer's to remove."""
-    entries = {}
-    for name in sorted(tree_paths(run_dir) - {RECORD}):
-        path = run_dir / name
-        entries[name] = file_entry(path) if path.is_file() and not path.is_symlink() else {}
-    write_record(run_dir, RETRAIN_TOOL, entries)
+    """Bring the run folder's record up to date once its training has ended: what the retrainer wrote itself
+    (export.json, pinned as it was fetched; train.log, pinned now) and what ner.train's own record lists (pinned by the
+    checkpoint manifests and the export's record: nothing hashed again here, on the serving host). A file of yours
+    dropped in the folder meanwhile is in neither, so a prune leaves it."""
+    entries = read_record(run_dir, RETRAIN_TOOL, RETRAIN_RECORD) or {}
+    log_file = run_dir / "train.log"
+    if log_file.is_file() and not log_file.is_symlink():
+        entries[log_file.name] = file_entry(log_file)
+    trained = read_record(run_dir, TRAIN_TOOL)
+    if trained is not None:
+        entries |= {**trained, RECORD: {}}
+    write_record(run_dir, RETRAIN_TOOL, entries, RETRAIN_RECORD)
 
 
 def remove_run(run_dir: Path) -> None:
     """Remove what the run folder's record lists, as it was recorded; anything else there (a file of yours, one you
     edited) stays, with the folders that hold it, and the folder is no longer counted as a run."""
-    entries = read_record(run_dir, RETRAIN_TOOL) or {}
-    kept = [path for path in remove_recorded(run_dir, entries) if path != run_dir / RECORD]
-    remove_recorded(run_dir, {RECORD: {}}, whole=not kept)  # last: what is left is no run of the retrainer's any more
+    entries = read_record(run_dir, RETRAIN_TOOL, RETRAIN_RECORD) or {}
+    kept = [path for path in remove_recorded(run_dir, entries) if path != run_dir / RETRAIN_RECORD]
+    # last: what is left is no run of the retrainer's any more
+    remove_recorded(run_dir, {RETRAIN_RECORD: {}}, whole=not kept)
     if kept:
-        log.warning("%s: kept %s (not the retraining's, or changed since); removed the rest of the run", run_dir,
+            log.warning("%s: kept %s (not the retraining's, or changed since); removed the rest of the run", run_dir,
                     ", ".join(str(path.relative_to(run_dir)) for path in kept[:3]) + (" ..." if len(kept) > 3 else ""))

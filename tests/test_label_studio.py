@@ -790,3 +790,36 @@ def test_a_run_is_recorded_from_the_runs_own_records_and_never_lists_a_file_drop
     retrain.remove_run(run_dir)
     assert sorted(p.relative_to(run_dir).as_posix() for p in run_dir.rglob("*")) == [
         "final", "final/my_scores.json", "notes.txt"]
+
+
+def test_a_prune_never_removes_a_run_another_model_folders_server_serves(tagger, random_model, retraining_env,
+                                                                         monkeypatch):
+    """Two servers of two model folders share the default runs folder (MODEL_DIR/../label-studio-runs): the runs of
+    one are never the other's to prune, the one it serves included (NER_RETRAIN_KEEP=2)."""
+    import shutil
+
+    monkeypatch.delenv("NER_RETRAIN_DIR")
+    monkeypatch.delenv("NER_SERVE_SESSION")  # two servers, not two workers of one
+    models = retraining_env.parent / "models"
+    apps = {}
+    for name in ("a", "b"):
+        shutil.copytree(random_model, models / name)
+        apps[name] = worker_app(tagger, models / name, [])
+        apps[name].state.label_studio.retrainer.train = fake_ner_train(random_model)
+        apps[name].state.label_studio.load_tagger = lambda model_dir: tagger
+
+    def train(app, projects) -> list[Path]:
+        runs = []
+        with TestClient(app) as client:
+            for project in projects:
+                assert client.post("/label-studio/train", json={"project": project}).json()["training"] is True
+                status = wait_for_training(client, timeout_s=60)
+                assert status["status"] == "done", status
+                runs.append(Path(status["output_dir"]))
+        return runs
+
+    [served_by_b] = train(apps["b"], [9])
+    runs_of_a = train(apps["a"], [1, 2, 3])
+    assert apps["b"].state.label_studio.model_dir == served_by_b / "final"
+    assert (served_by_b / "final" / "config.json").is_file() and (served_by_b / "export.json").is_file()
+    assert [run.exists() for run in runs_of_a] == [False, True, True]

@@ -17,7 +17,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ner.errors import UserError
-from ner.files import RECORD, atomic_write_text, file_entry, read_record, remove_recorded, write_record
+from ner.files import (
+    RECORD,
+    atomic_write_text,
+    file_entry,
+    read_record,
+    read_whole_record,
+    remove_recorded,
+    write_record,
+)
 from ner.inference.model_folder import model_version
 from ner.inference.options import RUNTIME_TRAIN_FLAGS
 
@@ -133,6 +141,10 @@ class Retrainer:
         self.last: dict = {"status": "idle"}
         self.transport = None  # an httpx transport, for tests
         self.seen_serving: float | None = None  # mtime of serving.json when last read
+        # The model folder the server started with, which every run it makes records: the runs folder may be shared
+        # (by default MODEL_DIR/../label-studio-runs: every sibling model folder's server uses it), and a prune
+        # touches the runs of its own model folder only, never one another server serves or trained from.
+        self.origin = str(Path(served.model_dir).resolve())
 
     def confirm(self, payload: dict) -> None:
         """/setup names Label Studio's address: it is never taken (a request must not choose where the server's
@@ -173,7 +185,7 @@ class Retrainer:
         try:
             run_dir = self.new_run_dir(project)
             self.last["output_dir"] = str(run_dir)
-            write_record(run_dir, RETRAIN_TOOL, {}, RETRAIN_RECORD)
+            write_retrain_record(run_dir, {}, self.origin)
             export = await self.fetch_export(project, run_dir / "export.json")
             returncode = await self.train(export, run_dir)
             if returncode != 0:
@@ -224,7 +236,7 @@ class Retrainer:
             response.raise_for_status()
         path.write_bytes(response.content)
         pinned = {"size": len(response.content), "sha256": hashlib.sha256(response.content).hexdigest()}
-        write_record(path.parent, RETRAIN_TOOL, {path.name: pinned}, RETRAIN_RECORD)  # from the bytes it wrote
+        write_retrain_record(path.parent, {path.name: pinned}, self.origin)  # from the bytes it wrote
         log.info("project %s: %d tasks exported to %s", project, len(response.json()), path)
         return path
 
@@ -308,10 +320,10 @@ class Retrainer:
         self.prune()
 
     def prune(self) -> None:
-        """Keep the newest NER_RETRAIN_KEEP run folders this retrainer made (by when their record was written: when
-        their training ended), and the served one."""
-        runs = sorted((p for p in self.options.runs_dir.glob("project*-*")
-                       if read_record(p, RETRAIN_TOOL, RETRAIN_RECORD) is not None),
+        """Keep the newest NER_RETRAIN_KEEP run folders made for this server's model folder (by when their record was
+        written: when their training ended), and the served one. Another model folder's runs are not counted nor
+        touched: they are another server's, which may serve one of them."""
+        runs = sorted((p for p in self.options.runs_dir.glob("project*-*") if self.is_own_run(p)),
                       key=lambda p: (p / RETRAIN_RECORD).stat().st_mtime, reverse=True)
         served = self.served.model_dir.resolve()
         for old in runs[self.options.keep_runs:]:
@@ -319,20 +331,32 @@ class Retrainer:
                 remove_run(old)
                 log.info("removed the old training run %s (NER_RETRAIN_KEEP=%d)", old, self.options.keep_runs)
 
+    def is_own_run(self, run_dir: Path) -> bool:
+        """A run folder a retrainer made for this server's model folder (its record says which)."""
+        record = read_whole_record(run_dir, RETRAIN_TOOL, RETRAIN_RECORD)
+        return record is not None and record.get("model_dir") == self.origin
+
+
+def write_retrain_record(run_dir: Path, entries: dict[str, dict], model_dir: str) -> None:
+    """The retrainer's record of a run folder: what it holds of the retraining's, and the model folder it was made for
+    (the server's at its start: Retrainer.origin)."""
+    write_record(run_dir, RETRAIN_TOOL, entries, RETRAIN_RECORD, model_dir=model_dir)
+
 
 def record_run(run_dir: Path) -> None:
     """Bring the run folder's record up to date once its training has ended: what the retrainer wrote itself
     (export.json, pinned as it was fetched; train.log, pinned now) and what ner.train's own record lists (pinned by the
     checkpoint manifests and the export's record: nothing hashed again here, on the serving host). A file of yours
     dropped in the folder meanwhile is in neither, so a prune leaves it."""
-    entries = read_record(run_dir, RETRAIN_TOOL, RETRAIN_RECORD) or {}
+    record = read_whole_record(run_dir, RETRAIN_TOOL, RETRAIN_RECORD) or {"files": {}}
+    entries = {path: entry for path, entry in record["files"].items() if isinstance(entry, dict)}
     log_file = run_dir / "train.log"
     if log_file.is_file() and not log_file.is_symlink():
         entries[log_file.name] = file_entry(log_file)
     trained = read_record(run_dir, TRAIN_TOOL)
     if trained is not None:
         entries |= {**trained, RECORD: {}}
-    write_record(run_dir, RETRAIN_TOOL, entries, RETRAIN_RECORD)
+    write_retrain_record(run_dir, entries, record.get("model_dir"))
 
 
 def remove_run(run_dir: Path) -> None:

@@ -823,3 +823,33 @@ def test_a_prune_never_removes_a_run_another_model_folders_server_serves(tagger,
     assert apps["b"].state.label_studio.model_dir == served_by_b / "final"
     assert (served_by_b / "final" / "config.json").is_file() and (served_by_b / "export.json").is_file()
     assert [run.exists() for run in runs_of_a] == [False, True, True]
+
+
+def test_a_prune_never_removes_a_run_another_server_of_the_same_model_folder_serves(tagger, random_model,
+                                                                                    retraining_env, monkeypatch):
+    """Two servers (not two workers of one) of the same model folder share a runs folder: the run one serves is held
+    (runs/RUN/.served.lock, a shared flock) and the other's prune leaves it; once no server serves it, it goes."""
+    from ner.serving import retrain
+
+    monkeypatch.delenv("NER_SERVE_SESSION")
+    apps = [worker_app(tagger, random_model, []) for _ in range(2)]
+    for app in apps:
+        app.state.label_studio.retrainer.train = fake_ner_train(random_model)
+        app.state.label_studio.load_tagger = lambda model_dir: tagger
+
+    def train(client, project) -> Path:
+        assert client.post("/label-studio/train", json={"project": project}).json()["training"] is True
+        status = wait_for_training(client, timeout_s=60)
+        assert status["status"] == "done", status
+        return Path(status["output_dir"])
+
+    with TestClient(apps[1]) as other:
+        served_by_other = train(other, 9)
+        with TestClient(apps[0]) as client:
+            runs = [train(client, project) for project in (1, 2, 3)]
+        assert apps[1].state.label_studio.model_dir == served_by_other / "final"
+        assert (served_by_other / "final" / "config.json").is_file()
+        assert [run.exists() for run in runs] == [False, True, True]
+    apps[1].state.label_studio.retrainer.served_run.release()  # that server serves it no more
+    apps[0].state.label_studio.retrainer.prune()
+    assert not served_by_other.exists() and not (served_by_other / retrain.SERVED_LOCK).exists()

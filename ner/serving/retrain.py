@@ -13,6 +13,8 @@ import shlex
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -123,6 +125,54 @@ class TrainingLock:
             self.handle = None
 
 
+SERVED_LOCK = ".served.lock"  # in a run folder: held (shared) by every process that serves the run's model
+
+
+class ServedRun:
+    """A shared flock on SERVED_LOCK in the run folder of the model this process serves, while it serves it. A prune,
+    of any server and any model folder, removes a run only while it holds that lock exclusively (exclusive_run), which
+    it cannot while some process serves the run; the kernel drops the lock of a server that died, so no stale marker
+    keeps a run forever. A model folder outside a retrainer's run folder takes none."""
+
+    def __init__(self) -> None:
+        self.handle = None
+
+    def hold(self, model_dir: Path) -> None:
+        """Serve `model_dir` from now on (before loading it: a run being removed is refused, not half loaded)."""
+        import fcntl
+
+        run_dir = Path(model_dir).resolve().parent
+        handle = None
+        if read_record(run_dir, RETRAIN_TOOL, RETRAIN_RECORD) is not None:
+            handle = open(run_dir / SERVED_LOCK, "a+", encoding="utf-8")
+            try:
+                fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                handle.close()
+                raise RuntimeError(f"{run_dir}: being removed by a prune; not served") from None
+        self.release()
+        self.handle = handle
+
+    def release(self) -> None:
+        if self.handle is not None:
+            self.handle.close()  # closing drops the flock
+            self.handle = None
+
+
+@contextmanager
+def exclusive_run(run_dir: Path) -> Iterator[bool]:
+    """Whether no process serves the run (ServedRun), holding that true until the block ends."""
+    import fcntl
+
+    with open(run_dir / SERVED_LOCK, "a+", encoding="utf-8") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+
+
 class Retrainer:
     """Fetch a project's export, fine-tune the served model on it in another process, swap the result in.
 
@@ -145,6 +195,8 @@ class Retrainer:
         # (by default MODEL_DIR/../label-studio-runs: every sibling model folder's server uses it), and a prune
         # touches the runs of its own model folder only, never one another server serves or trained from.
         self.origin = str(Path(served.model_dir).resolve())
+        self.served_run = ServedRun()  # and whatever server serves a run, its prune never removes it
+        self.served_run.hold(served.model_dir)
 
     def confirm(self, payload: dict) -> None:
         """/setup names Label Studio's address: it is never taken (a request must not choose where the server's
@@ -282,13 +334,23 @@ class Retrainer:
             await asyncio.gather(self.task, return_exceptions=True)
         await self.kill_training()
         self.lock.release()
+        self.served_run.release()
 
     async def load_and_swap(self, model_dir: Path) -> None:
         def load():  # in a thread: the served model keeps answering while the new one loads
             return self.served.load_tagger(model_dir), model_version(model_dir)
 
-        tagger, version = await asyncio.to_thread(load)
+        previous, self.served_run.handle = self.served_run.handle, None  # the old run's, until the new one is served
+        try:
+            self.served_run.hold(model_dir)
+            tagger, version = await asyncio.to_thread(load)
+        except BaseException:
+            self.served_run.release()
+            self.served_run.handle = previous
+            raise
         self.served.swap(tagger, model_dir, version)
+        if previous is not None:
+            previous.close()
 
     def publish(self, model_dir: Path) -> None:
         """Tell the other workers (watch) which model this server serves now."""
@@ -327,8 +389,13 @@ class Retrainer:
                       key=lambda p: (p / RETRAIN_RECORD).stat().st_mtime, reverse=True)
         served = self.served.model_dir.resolve()
         for old in runs[self.options.keep_runs:]:
-            if old.resolve() not in (served, served.parent):
-                remove_run(old)
+            if old.resolve() in (served, served.parent):
+                continue
+            with exclusive_run(old) as free:
+                if not free:
+                    log.info("kept the old training run %s: another server serves it", old)
+                    continue
+                remove_run(old, also={SERVED_LOCK: {}})  # the lock file, made by a server; held here meanwhile
                 log.info("removed the old training run %s (NER_RETRAIN_KEEP=%d)", old, self.options.keep_runs)
 
     def is_own_run(self, run_dir: Path) -> bool:
@@ -359,10 +426,10 @@ def record_run(run_dir: Path) -> None:
     write_retrain_record(run_dir, entries, record.get("model_dir"))
 
 
-def remove_run(run_dir: Path) -> None:
+def remove_run(run_dir: Path, also: dict[str, dict] | None = None) -> None:
     """Remove what the run folder's record lists, as it was recorded; anything else there (a file of yours, one you
     edited) stays, with the folders that hold it, and the folder is no longer counted as a run."""
-    entries = read_record(run_dir, RETRAIN_TOOL, RETRAIN_RECORD) or {}
+    entries = {**(read_record(run_dir, RETRAIN_TOOL, RETRAIN_RECORD) or {}), **(also or {})}
     kept = [path for path in remove_recorded(run_dir, entries) if path != run_dir / RETRAIN_RECORD]
     # last: what is left is no run of the retrainer's any more
     remove_recorded(run_dir, {RETRAIN_RECORD: {}}, whole=not kept)

@@ -611,3 +611,20 @@ def test_resume_from_a_checkpoint_into_a_new_folder_or_its_own_run_goes_ahead(ex
     claim(own, overwrite=False, resume=str(resumed), resume_from=resumed)
     claim(own, overwrite=True, resume=str(resumed), resume_from=resumed)  # its own run: nothing is removed
     assert snapshot(own) == before
+
+
+def test_the_command_refuses_to_resume_another_folders_checkpoint_over_a_finished_run(tiny_bert, tiny_data, tmp_path,
+                                                                                      capsys):
+    """The reported command: `--output-dir runs/b --resume runs/a/checkpoints/step_N` with runs/b finished: one line,
+    exit 2, runs/b as it was (its checkpoints, final/ and metrics.jsonl included)."""
+    runs = {name: tmp_path / name for name in "ab"}
+    for out in runs.values():
+        assert train_cli.main(tiny_args(tiny_bert, tiny_data, out, "--max-steps", "4", "--save-steps", "2")) == 0
+    step = ckpt.list_checkpoints(runs["a"])[-1]
+    before = snapshot(runs["b"])
+    capsys.readouterr()
+    assert train_cli.main(tiny_args(tiny_bert, tiny_data, runs["b"], "--max-steps", "6", "--resume", str(step))) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1].startswith(f"error: {runs['b']}: holds another run (checkpoints, final, ")
+    assert "Traceback" not in err
+    assert snapshot(runs["b"]) == before

@@ -177,7 +177,8 @@ class Retrainer:
     """Fetch a project's export, fine-tune the served model on it in another process, swap the result in.
 
     Bounded: one training at a time across workers (TrainingLock), a minimum interval between starts, a
-    timeout, the child killed when the server stops, the last NER_RETRAIN_KEEP run folders kept. The new model
+    timeout, the child killed when the server stops, the last NER_RETRAIN_KEEP run folders of its model folder kept
+    (prune: never another model folder's, nor one any server serves: ServedRun). The new model
     reaches every worker: the one that trained writes runs/serving.json, and each worker watches it (watch)."""
 
     def __init__(self, served, options: RetrainOptions, session: str) -> None:  # label_studio.LabelStudioModel

@@ -31,9 +31,9 @@ from ner.files import staged_file
 from ner.inference.model_folder import ModelSettings
 from ner.inference.onnx_runtime import onnx_session
 from ner.inference.runtime import first_line
-from ner.inference.runtimes import ONNX, ONNX_INT8, OPENVINO_INT8, RUNTIME_FILES, RUNTIMES
+from ner.inference.runtimes import ONNX, ONNX_INT8, OPENVINO_INT8, REGISTRY, RUNTIME_FILES, RUNTIMES
 
-EXPORT_PACKAGES = ("onnx", "onnxruntime")  # onnx writes the graphs, onnxruntime checks them against PyTorch
+EXPORT_PACKAGES = REGISTRY[ONNX].export_packages  # what model.onnx needs to be written and checked
 
 
 def require_packages(asker: str) -> None:
@@ -68,12 +68,15 @@ CHECK_SENTENCES = [
 CHECK_SHAPES = ((4, 0, 3), (9,))  # rows of CHECK_SENTENCES; each batch padded 3 tokens wider than its longest
 
 
-def write_onnx(model_dir: Path, quantize: str | None = None, calibrate: list[Example] | None = None,
+def write_onnx(model_dir: Path, runtimes: tuple[str, ...] = (ONNX,), calibrate: list[Example] | None = None,
                refused: dict[str, str] | None = None) -> dict[str, float]:
-    """model.onnx (and model.int8.onnx; with `calibrate` examples, OpenVINO's static int8 too) in `model_dir`,
-    each kept only if it passes its check; the measured max |logit difference| (fp32) and argmax agreement on
-    words and entity words (int8) with PyTorch. `refused` (a dict): a file its gate refuses is recorded there
-    under each runtime that reads it, with the reason, and the others are still written; else the refusal is raised."""
+    """The files the `runtimes` read in `model_dir` (model.onnx, model.int8.onnx; OpenVINO's static int8, calibrated
+    on the `calibrate` examples), each kept only if it passes its check; the measured max |logit difference| (fp32)
+    and argmax agreement on words and entity words (int8) with PyTorch. `refused` (a dict): a file its gate refuses is
+    recorded there under each runtime that reads it, with the reason, and the others are still written; else the
+    refusal is raised."""
+    if OPENVINO_INT8 in runtimes and calibrate is None:
+        raise UserError(f"--runtime {OPENVINO_INT8}'s files are calibrated on training text: pass it (--calibrate)")
     import transformers
     from transformers import AutoModelForTokenClassification, AutoTokenizer
 
@@ -92,17 +95,21 @@ def write_onnx(model_dir: Path, quantize: str | None = None, calibrate: list[Exa
         with staged_file(model_dir / RUNTIME_FILES[ONNX][0]) as fp32:
             export_graph(model, model_inputs(batches[0]), fp32)
             measured = {"max_logit_diff": check_fp32(fp32, batches, references)}
-            if quantize == "int8":
+            if ONNX_INT8 in runtimes:
                 measured |= gated((ONNX_INT8,), refused, lambda: write_dynamic_int8(
                     model_dir, fp32, batches, references, outside))
         return measured
 
-    measured = gated(READS_MODEL_ONNX, refused, fp32_then_dynamic_int8)
-    if quantize == "int8" and calibrate is not None and ONNX in (refused or {}):
+    fp32_readers = tuple(runtime for runtime in READS_MODEL_ONNX if runtime in runtimes)
+    measured = gated(fp32_readers, refused, fp32_then_dynamic_int8)
+    fp32 = model_dir / RUNTIME_FILES[ONNX][0]
+    if OPENVINO_INT8 in runtimes and not fp32.is_file():
         refused[OPENVINO_INT8] = f"made from {RUNTIME_FILES[ONNX][0]}, which was refused"
-    elif quantize == "int8" and calibrate is not None:
+    elif OPENVINO_INT8 in runtimes:
         measured |= gated((OPENVINO_INT8,), refused, lambda: write_static_int8(
             model_dir, calibrate, batches, references, outside))
+    if not fp32_readers:  # written only as what the int8 files are made from: not asked for, it does not stay
+        fp32.unlink(missing_ok=True)
     return measured
 
 

@@ -30,7 +30,6 @@ from ner.extras import require
 from ner.files import staged_file
 from ner.inference.model_folder import ModelSettings
 from ner.inference.onnx_runtime import onnx_session
-from ner.inference.runtime import first_line
 from ner.inference.runtimes import ONNX, ONNX_INT8, OPENVINO_INT8, REGISTRY, RUNTIME_FILES, RUNTIMES
 
 EXPORT_PACKAGES = REGISTRY[ONNX].export_packages  # what model.onnx needs to be written and checked
@@ -39,6 +38,11 @@ EXPORT_PACKAGES = REGISTRY[ONNX].export_packages  # what model.onnx needs to be 
 def require_packages(asker: str) -> None:
     """A one-line error naming the command that installs the ONNX export's packages, before any export work."""
     require(asker, *EXPORT_PACKAGES)
+
+
+class GateRefused(UserError):
+    """A file's check against PyTorch failed, so the file is not written: the one failure an export that keeps the
+    other files (write_onnx's `refused`) records instead of raising. Any other error is a bug, and raised."""
 
 
 MAX_LOGIT_DIFF = 1e-3
@@ -100,16 +104,13 @@ def write_onnx(model_dir: Path, runtimes: tuple[str, ...] = (ONNX,), calibrate: 
                     model_dir, fp32, batches, references, outside))
         return measured
 
-    fp32_readers = tuple(runtime for runtime in READS_MODEL_ONNX if runtime in runtimes)
-    measured = gated(fp32_readers, refused, fp32_then_dynamic_int8)
-    fp32 = model_dir / RUNTIME_FILES[ONNX][0]
-    if OPENVINO_INT8 in runtimes and not fp32.is_file():
-        refused[OPENVINO_INT8] = f"made from {RUNTIME_FILES[ONNX][0]}, which was refused"
-    elif OPENVINO_INT8 in runtimes:
+    # every file is made from model.onnx: its refusal refuses each runtime asked for (the int8 gate's, inside, its own)
+    measured = gated(runtimes, refused, fp32_then_dynamic_int8)
+    if OPENVINO_INT8 in runtimes and OPENVINO_INT8 not in (refused or {}):
         measured |= gated((OPENVINO_INT8,), refused, lambda: write_static_int8(
             model_dir, calibrate, batches, references, outside))
-    if not fp32_readers:  # written only as what the int8 files are made from: not asked for, it does not stay
-        fp32.unlink(missing_ok=True)
+    if not set(runtimes) & set(READS_MODEL_ONNX):  # written only as the int8 files' source: not asked for, it goes
+        (model_dir / RUNTIME_FILES[ONNX][0]).unlink(missing_ok=True)
     return measured
 
 
@@ -117,15 +118,14 @@ READS_MODEL_ONNX = tuple(runtime for runtime in RUNTIMES if RUNTIME_FILES[runtim
 
 
 def gated(runtimes: tuple[str, ...], refused: dict[str, str] | None, write) -> dict[str, float]:
-    """write()'s measurements; where `refused` is a dict, its failure (a gate's refusal, or an error of the writer:
-    the model itself is fine either way) is recorded there for each of `runtimes` instead of raised."""
+    """write()'s measurements; where `refused` is a dict, a gate's refusal (GateRefused) is recorded there for each of
+    `runtimes` instead of raised. Any other error is raised: a bug must not read as a file its check refused."""
     if refused is None:
         return write()
     try:
         return write()
-    except Exception as exc:  # a gate's UserError, or an exporter's or NNCF's own error types
-        reason = str(exc) if isinstance(exc, UserError) else f"{type(exc).__name__}: {first_line(exc)}"
-        refused.update(dict.fromkeys(runtimes, reason))
+    except GateRefused as exc:
+        refused.update(dict.fromkeys(runtimes, str(exc)))
         return {}
 
 
@@ -317,7 +317,7 @@ def scale_chain(matmul, row_scale: str, used_by: dict, made_by: dict) -> tuple:
         other = [i for i in scale_mul[0].input if i != cast[0].output[0]]
         product = made_by.get(other[0]) if len(other) == 1 else None
     if product is None or product.op_type != "Mul" or row_scale not in product.input:
-        raise UserError(f"int8: {matmul.name or matmul.output[0]} is not followed by the Cast and scale Mul that "
+        raise GateRefused(f"int8: {matmul.name or matmul.output[0]} is not followed by the Cast and scale Mul that "
                         "per-row quantization rewrites; nothing written; export without --quantize")
     return cast[0], scale_mul[0], product
 
@@ -340,7 +340,7 @@ def check_fp32(path: Path, batches: list[dict[str, np.ndarray]], references: lis
         if diff >= worst:
             worst, worst_shape = diff, shape_of(batch)
     if worst > MAX_LOGIT_DIFF:
-        raise UserError(f"ONNX export differs from PyTorch: max |logit difference| {worst:.2e} > "
+        raise GateRefused(f"ONNX export differs from PyTorch: max |logit difference| {worst:.2e} > "
                         f"{MAX_LOGIT_DIFF:.0e} (batch of {worst_shape}); nothing written")
     return worst
 
@@ -373,6 +373,6 @@ def check_int8(run, batches: list[dict[str, np.ndarray]], references: list[np.nd
         failed |= entity_words >= MIN_ENTITY_WORDS and entities < MIN_INT8_ENTITY_AGREEMENT
     if failed:
         on_entities = f", {entities:.1%} of {entity_words} entity words" if entities is not None else ""
-        raise UserError(f"{what} agrees with PyTorch on {words:.1%} of words{on_entities} (needs "
+        raise GateRefused(f"{what} agrees with PyTorch on {words:.1%} of words{on_entities} (needs "
                         f"{MIN_INT8_WORD_AGREEMENT:.0%} and {MIN_INT8_ENTITY_AGREEMENT:.0%}); nothing written; {fix}")
     return measured

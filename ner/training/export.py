@@ -256,7 +256,9 @@ def fast_runtimes_report(model_dir: Path, refused: dict[str, str], runtimes: tup
     from ner.inference.runtime_choice import CPU_CLASS_HELP, choose, device_class_of
 
     flag = FAST_RUNTIMES_FLAG if runtimes == FAST_RUNTIMES else f"{EXPORT_RUNTIME_FLAG} {','.join(runtimes)}"
-    written = sorted({name for runtime in runtimes if runtime not in refused for name in RUNTIME_FILES[runtime]})
+    # what the export's record says it wrote, not what was planned: a step that failed before a file leaves it out
+    recorded = read_record(model_dir, EXPORT_TOOL) or {}
+    written = sorted({name for runtime in runtimes for name in RUNTIME_FILES[runtime] if name in recorded})
     lines = [f"{flag}: wrote {', '.join(written) or 'no runtime file'} into {model_dir}"]
     for reason, refused_runtimes in group_by_reason(refused).items():
         names = sorted({name for runtime in refused_runtimes for name in RUNTIME_FILES[runtime]})

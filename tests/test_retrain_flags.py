@@ -21,6 +21,7 @@ pytest.importorskip("onnxruntime")
 pytest.importorskip("fastapi")
 
 from ner.errors import UserError  # noqa: E402
+from ner.extras import EXTRA_PACKAGES, install_hint  # noqa: E402
 from ner.inference.runtimes import (  # noqa: E402
     ONNX,
     ONNX_INT8,
@@ -28,11 +29,17 @@ from ner.inference.runtimes import (  # noqa: E402
     RUNTIME_PACKAGES,
     RUNTIME_TRAIN_FLAGS,
     RUNTIMES,
+    TORCH,
+    export_packages,
 )
 from tests.conftest import python_module, run_cli, tiny_args  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-ONNX_INSTALL_LACKS = ("openvino", "nncf")  # what `pip install -e ".[serve,onnx]"` has not
+# what `pip install -e ".[serve,onnx]"` has not: the packages only OpenVINO's files need (openvino, nncf)
+ONNX_INSTALL_LACKS = tuple(set(export_packages(RUNTIMES)) - set(export_packages((ONNX,))))
+# what writes model.onnx but is not needed to run it (onnxruntime alone runs it): the package a serving-only install
+# of --runtime onnx may lack
+GRAPH_WRITER = next(package for package in export_packages((ONNX,)) if package not in RUNTIME_PACKAGES[ONNX])
 
 BLOCKER = """
 import importlib.abc, importlib.util, sys
@@ -109,7 +116,7 @@ def onnx_model(random_model, tmp_path_factory) -> Path:
     """The random model with model.onnx, so --runtime onnx can serve it."""
     from ner.inference.onnx_export import write_onnx
 
-    folder = shutil.copytree(random_model, tmp_path_factory.mktemp("onnx") / "final")
+    folder = shutil.copytree(random_model, tmp_path_factory.mktemp("onnx_model") / "final")
     (folder / "training_args.json").write_text(json.dumps({"max_seq_length": 32, "decode": "viterbi"}))
     write_onnx(folder)
     return folder
@@ -120,12 +127,13 @@ def test_a_label_studio_server_that_could_not_retrain_refuses_at_start_in_one_li
     (LABEL_STUDIO_URL), ner.serve refuses at start, naming what to install, instead of failing each retraining."""
     from ner.testing import free_local_port
 
-    env = {**without(tmp_path, "onnx"), "LABEL_STUDIO_URL": "http://label-studio.test", "LABEL_STUDIO_API_KEY": "k"}
+    env = {**without(tmp_path, GRAPH_WRITER), "LABEL_STUDIO_URL": "http://label-studio.test",
+           "LABEL_STUDIO_API_KEY": "k"}
     done = run_cli(python_module("ner.serve", str(onnx_model), "--runtime", ONNX, "--label-studio", "--port",
                                  str(free_local_port())), timeout=90, env=env)
     err = done.stderr.strip().splitlines()[-1]  # after the log lines of the model's loading
     assert done.returncode == 2 and err.startswith("error: ") and "Traceback" not in done.stderr, done.stderr
-    assert f"--runtime {ONNX}" in err and "onnx" in err and 'pip install -e ".[onnx]"' in err
+    assert f"--runtime {ONNX} needs {GRAPH_WRITER} " in err and install_hint(GRAPH_WRITER) in err
     assert "LABEL_STUDIO_URL" in err
 
 
@@ -133,7 +141,7 @@ def test_without_label_studio_url_retraining_is_off_and_nothing_is_checked(rando
     from ner.serving.label_studio import LabelStudioModel
 
     monkeypatch.delenv("LABEL_STUDIO_URL", raising=False)
-    hide(monkeypatch, "onnx")
+    hide(monkeypatch, GRAPH_WRITER)
     LabelStudioModel(None, random_model, [], runtime=ONNX)
 
 
@@ -155,11 +163,11 @@ def test_the_start_check_asks_for_each_package_that_writes_the_runtimes_files(ru
 # -- every runtime of the registry: its export declared, its retraining's flags checked against it ----------------
 
 def optional_packages() -> set[str]:
-    from ner.extras import EXTRA_PACKAGES
     from ner.inference.runtimes import REGISTRY
 
     declared = {package for runtime in REGISTRY.values() for package in (*runtime.packages, *runtime.export_packages)}
-    return ({package for packages in EXTRA_PACKAGES.values() for package in packages} | declared) - {"torch"}
+    return ({package for packages in EXTRA_PACKAGES.values() for package in packages} | declared) - \
+        set(RUNTIME_PACKAGES[TORCH])  # ner.train's own
 
 
 @pytest.mark.parametrize("runtime", RUNTIMES)

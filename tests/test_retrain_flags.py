@@ -199,3 +199,21 @@ def test_an_unknown_runtime_to_export_is_one_line_naming_the_known():
     expected = rf"--export-runtime onnx,onx: no runtime 'onx' \(expected some of {', '.join(RUNTIMES)}, comma"
     with pytest.raises(UserError, match=expected):
         TrainConfig(export_runtime="onnx,onx").validate()
+
+
+def test_under_auto_a_retraining_writes_the_files_of_the_runtime_auto_picked(onnx_model, tmp_path, monkeypatch):
+    """The swap loads the new model with the runtime auto picked at start (Tagger.like keeps it), so the retraining
+    asks for that runtime's files alone: not every installed runtime's (calibration and packages nobody reads)."""
+    from ner.inference.runtimes import AUTO_RUNTIME
+    from ner.inference.tagger import Tagger
+    from ner.serving.app import create_app
+    from ner.serving.requests import Limits
+
+    monkeypatch.setenv("NER_RETRAIN_DIR", str(tmp_path / "runs"))
+    tagger = Tagger(onnx_model, runtime=AUTO_RUNTIME)
+    app = create_app(tagger, onnx_model, Limits(), label_studio=True)
+    command = app.state.label_studio.retrainer.command(tmp_path / "export.json", tmp_path / "run")
+    flags = RUNTIME_TRAIN_FLAGS[tagger.runtime_name]
+    assert tagger.runtime_name != AUTO_RUNTIME and command[len(command) - len(flags):] == list(flags)
+    others = {flag for names in RUNTIME_TRAIN_FLAGS.values() for flag in names} - set(flags)
+    assert not others & set(command), command

@@ -33,7 +33,7 @@ from ner.data.formats import read_examples
 from ner.errors import UserError, cli
 from ner.inference.onnx_export import require_packages as require_onnx_packages
 from ner.inference.openvino_export import require_packages
-from ner.inference.runtimes import FAST_RUNTIMES_FLAG
+from ner.inference.runtimes import FAST_RUNTIMES_FLAG, ONNX, ONNX_INT8, OPENVINO_INT8
 from ner.training.export import export_any, export_fast_runtimes
 
 
@@ -78,8 +78,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.calibrate:
         require_packages("--calibrate")
     calibration = read_examples(args.calibrate) if args.calibrate else None
-    print(export_any(args.source, args.out_dir, args.onnx, args.quantize, args.overwrite, calibration))
+    print(export_any(args.source, args.out_dir, runtimes_asked(args), args.overwrite, calibration))
     return 0
+
+
+def runtimes_asked(args: argparse.Namespace) -> tuple[str, ...]:
+    """The runtimes whose files --onnx, --quantize int8 and --calibrate ask for (checked consistent before)."""
+    return (ONNX,) * args.onnx + (ONNX_INT8,) * bool(args.quantize) + (OPENVINO_INT8,) * bool(args.calibrate)
 
 
 def recorded_train_file(source: Path) -> Path:

@@ -2,7 +2,7 @@
 table the one-line errors and hints that name a missing package read (a shared leaf: data readers, runtimes,
 training's flags and the commands alike).
 
-    pip install -e ".[onnx]"        # --runtime onnx|onnx-int8, ner.export --onnx
+    pip install -e ".[onnx]"        # --runtime onnx|onnx-int8, ner.export --onnx, ner.train --export-runtime onnx-int8
     pip install -e ".[openvino]"    # --runtime openvino|openvino-int8, --export-int8, --calibrate
     pip install -e ".[serve]"       # ner.serve
 """

@@ -385,3 +385,34 @@ def test_int8_graph_keeps_no_per_tensor_activation_scale(exported):
     assert "DynamicQuantizeLinear" not in ops and "MatMulInteger" not in ops
     assert ops.count("MatMulIntegerToFloat") >= 6 and ops.count("QuantizeLinear") >= 3
     assert all(node.input[2] == "row_q_one" for node in graph.node if node.op_type == "MatMulIntegerToFloat")
+
+
+# ----------------------------------------------------------------------------- what a partial export reports
+
+def test_the_summary_lists_only_files_written_when_the_fp32_step_is_refused(exported, tmp_path, monkeypatch):
+    """The fp32 graph fails its gate: model.int8.onnx, made from it, is not written either, and the summary says so.
+    Before, the summary listed it as written, read off the plan (every runtime not refused) rather than the export."""
+    from ner.training.export import export_fast_runtimes
+
+    monkeypatch.setattr(export_onnx, "MAX_LOGIT_DIFF", -1.0)
+    out = tmp_path / "out"
+    report = export_fast_runtimes(exported, out, [], runtimes=(ONNX, ONNX_INT8))
+    assert not {"model.onnx", "model.int8.onnx"} & {p.name for p in out.iterdir()}
+    wrote = next(line for line in report.splitlines() if ": wrote " in line)
+    assert "model.int8.onnx" not in wrote and "no runtime file" in wrote, report
+    assert "refused model.int8.onnx, model.onnx" in report, report
+
+
+def test_a_bug_in_a_writer_is_raised_not_reported_as_a_refusal(exported, tmp_path, monkeypatch):
+    """Only a gate's own refusal lets the export go on without the file; any other error is a bug: raised, and the
+    export leaves nothing. Before, every Exception read as "refused" and the run ended 0."""
+    from ner.training.export import export_fast_runtimes
+
+    def broken(source, target):
+        raise RuntimeError("a bug in the int8 writer")
+
+    monkeypatch.setattr(export_onnx, "quantize_int8", broken)
+    out = tmp_path / "out"
+    with pytest.raises(RuntimeError, match="a bug in the int8 writer"):
+        export_fast_runtimes(exported, out, [], runtimes=(ONNX, ONNX_INT8))
+    assert not out.exists()

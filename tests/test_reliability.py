@@ -260,7 +260,7 @@ def test_a_resume_may_add_export_int8_which_changes_no_math(tiny_bert, tiny_data
     from ner.train import main as train_main
 
     exported = []
-    monkeypatch.setattr(run_module, "export_fast_runtimes", lambda final, *args: exported.append(final) or "")
+    monkeypatch.setattr(run_module, "export_fast_runtimes", lambda final, *args, **kwargs: exported.append(final) or "")
     args = tiny_args(tiny_bert, tiny_data, tmp_path / "run", "--max-steps", "2", "--no-eval", "--resume", "auto")
     assert train_main(args) == 0 and exported == []
     assert train_main([*args, "--export-int8"]) == 0
@@ -369,14 +369,14 @@ def test_no_rank_waits_through_the_end_of_runs_export_of_every_runtimes_files(tm
     calibrated before the barrier: rank 1 waited there, and this test's wait for it to leave timed out."""
     ranks, rank_1_left, seen = TwoRanks(), threading.Event(), {}
 
-    def export_fast_runtimes(source, out_dir, calibrate, overwrite=False):
+    def export_fast_runtimes(source, out_dir, calibrate, overwrite=False, runtimes=()):
         seen["rank 1 had left"] = rank_1_left.wait(timeout=20)
         return "--export-int8: wrote model.onnx"
 
     monkeypatch.setattr(run_module, "score_final_model", lambda *a: ({"validation": {"f1": 0.5}}, tmp_path, True))
     monkeypatch.setattr(run_module, "export_checkpoint", lambda *a, **k: None)
     monkeypatch.setattr(run_module, "export_fast_runtimes", export_fast_runtimes)
-    cfg = SimpleNamespace(output_path=tmp_path, export_int8=True, test_file=None)
+    cfg = SimpleNamespace(output_path=tmp_path, export_int8=True, export_runtime=None, test_file=None)
     state = SimpleNamespace(eval_history=[{"step": 5}], global_step=5)
     data = SimpleNamespace(splits=SimpleNamespace(train=[]))
 

@@ -30,15 +30,19 @@ from ner.extras import require
 from ner.files import staged_file
 from ner.inference.model_folder import ModelSettings
 from ner.inference.onnx_runtime import onnx_session
-from ner.inference.runtime import first_line
-from ner.inference.runtimes import ONNX, ONNX_INT8, OPENVINO_INT8, RUNTIME_FILES, RUNTIMES
+from ner.inference.runtimes import ONNX, ONNX_INT8, OPENVINO_INT8, REGISTRY, RUNTIME_FILES, RUNTIMES
 
-EXPORT_PACKAGES = ("onnx", "onnxruntime")  # onnx writes the graphs, onnxruntime checks them against PyTorch
+EXPORT_PACKAGES = REGISTRY[ONNX].export_packages  # what model.onnx needs to be written and checked
 
 
 def require_packages(asker: str) -> None:
     """A one-line error naming the command that installs the ONNX export's packages, before any export work."""
     require(asker, *EXPORT_PACKAGES)
+
+
+class GateRefused(UserError):
+    """A file's check against PyTorch failed, so the file is not written: the one failure an export that keeps the
+    other files (write_onnx's `refused`) records instead of raising. Any other error is a bug, and raised."""
 
 
 MAX_LOGIT_DIFF = 1e-3
@@ -68,12 +72,15 @@ CHECK_SENTENCES = [
 CHECK_SHAPES = ((4, 0, 3), (9,))  # rows of CHECK_SENTENCES; each batch padded 3 tokens wider than its longest
 
 
-def write_onnx(model_dir: Path, quantize: str | None = None, calibrate: list[Example] | None = None,
+def write_onnx(model_dir: Path, runtimes: tuple[str, ...] = (ONNX,), calibrate: list[Example] | None = None,
                refused: dict[str, str] | None = None) -> dict[str, float]:
-    """model.onnx (and model.int8.onnx; with `calibrate` examples, OpenVINO's static int8 too) in `model_dir`,
-    each kept only if it passes its check; the measured max |logit difference| (fp32) and argmax agreement on
-    words and entity words (int8) with PyTorch. `refused` (a dict): a file its gate refuses is recorded there
-    under each runtime that reads it, with the reason, and the others are still written; else the refusal is raised."""
+    """The files the `runtimes` read in `model_dir` (model.onnx, model.int8.onnx; OpenVINO's static int8, calibrated
+    on the `calibrate` examples), each kept only if it passes its check; the measured max |logit difference| (fp32)
+    and argmax agreement on words and entity words (int8) with PyTorch. `refused` (a dict): a file its gate refuses is
+    recorded there under each runtime that reads it, with the reason, and the others are still written; else the
+    refusal is raised."""
+    if OPENVINO_INT8 in runtimes and calibrate is None:
+        raise UserError(f"--runtime {OPENVINO_INT8}'s files are calibrated on training text: pass it (--calibrate)")
     import transformers
     from transformers import AutoModelForTokenClassification, AutoTokenizer
 
@@ -92,17 +99,18 @@ def write_onnx(model_dir: Path, quantize: str | None = None, calibrate: list[Exa
         with staged_file(model_dir / RUNTIME_FILES[ONNX][0]) as fp32:
             export_graph(model, model_inputs(batches[0]), fp32)
             measured = {"max_logit_diff": check_fp32(fp32, batches, references)}
-            if quantize == "int8":
+            if ONNX_INT8 in runtimes:
                 measured |= gated((ONNX_INT8,), refused, lambda: write_dynamic_int8(
                     model_dir, fp32, batches, references, outside))
         return measured
 
-    measured = gated(READS_MODEL_ONNX, refused, fp32_then_dynamic_int8)
-    if quantize == "int8" and calibrate is not None and ONNX in (refused or {}):
-        refused[OPENVINO_INT8] = f"made from {RUNTIME_FILES[ONNX][0]}, which was refused"
-    elif quantize == "int8" and calibrate is not None:
+    # every file is made from model.onnx: its refusal refuses each runtime asked for (the int8 gate's, inside, its own)
+    measured = gated(runtimes, refused, fp32_then_dynamic_int8)
+    if OPENVINO_INT8 in runtimes and OPENVINO_INT8 not in (refused or {}):
         measured |= gated((OPENVINO_INT8,), refused, lambda: write_static_int8(
             model_dir, calibrate, batches, references, outside))
+    if not set(runtimes) & set(READS_MODEL_ONNX):  # written only as the int8 files' source: not asked for, it goes
+        (model_dir / RUNTIME_FILES[ONNX][0]).unlink(missing_ok=True)
     return measured
 
 
@@ -110,15 +118,14 @@ READS_MODEL_ONNX = tuple(runtime for runtime in RUNTIMES if RUNTIME_FILES[runtim
 
 
 def gated(runtimes: tuple[str, ...], refused: dict[str, str] | None, write) -> dict[str, float]:
-    """write()'s measurements; where `refused` is a dict, its failure (a gate's refusal, or an error of the writer:
-    the model itself is fine either way) is recorded there for each of `runtimes` instead of raised."""
+    """write()'s measurements; where `refused` is a dict, a gate's refusal (GateRefused) is recorded there for each of
+    `runtimes` instead of raised. Any other error is raised: a bug must not read as a file its check refused."""
     if refused is None:
         return write()
     try:
         return write()
-    except Exception as exc:  # a gate's UserError, or an exporter's or NNCF's own error types
-        reason = str(exc) if isinstance(exc, UserError) else f"{type(exc).__name__}: {first_line(exc)}"
-        refused.update(dict.fromkeys(runtimes, reason))
+    except GateRefused as exc:
+        refused.update(dict.fromkeys(runtimes, str(exc)))
         return {}
 
 
@@ -310,7 +317,7 @@ def scale_chain(matmul, row_scale: str, used_by: dict, made_by: dict) -> tuple:
         other = [i for i in scale_mul[0].input if i != cast[0].output[0]]
         product = made_by.get(other[0]) if len(other) == 1 else None
     if product is None or product.op_type != "Mul" or row_scale not in product.input:
-        raise UserError(f"int8: {matmul.name or matmul.output[0]} is not followed by the Cast and scale Mul that "
+        raise GateRefused(f"int8: {matmul.name or matmul.output[0]} is not followed by the Cast and scale Mul that "
                         "per-row quantization rewrites; nothing written; export without --quantize")
     return cast[0], scale_mul[0], product
 
@@ -333,7 +340,7 @@ def check_fp32(path: Path, batches: list[dict[str, np.ndarray]], references: lis
         if diff >= worst:
             worst, worst_shape = diff, shape_of(batch)
     if worst > MAX_LOGIT_DIFF:
-        raise UserError(f"ONNX export differs from PyTorch: max |logit difference| {worst:.2e} > "
+        raise GateRefused(f"ONNX export differs from PyTorch: max |logit difference| {worst:.2e} > "
                         f"{MAX_LOGIT_DIFF:.0e} (batch of {worst_shape}); nothing written")
     return worst
 
@@ -366,6 +373,6 @@ def check_int8(run, batches: list[dict[str, np.ndarray]], references: list[np.nd
         failed |= entity_words >= MIN_ENTITY_WORDS and entities < MIN_INT8_ENTITY_AGREEMENT
     if failed:
         on_entities = f", {entities:.1%} of {entity_words} entity words" if entities is not None else ""
-        raise UserError(f"{what} agrees with PyTorch on {words:.1%} of words{on_entities} (needs "
+        raise GateRefused(f"{what} agrees with PyTorch on {words:.1%} of words{on_entities} (needs "
                         f"{MIN_INT8_WORD_AGREEMENT:.0%} and {MIN_INT8_ENTITY_AGREEMENT:.0%}); nothing written; {fix}")
     return measured

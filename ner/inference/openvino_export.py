@@ -24,11 +24,11 @@ from ner.errors import UserError
 from ner.extras import install_hint, require
 from ner.files import remove_recorded
 from ner.inference.options import PAD_TO_MULTIPLE_OF
-from ner.inference.runtimes import ONNX, OPENVINO_INT8, RUNTIME_FILES
+from ner.inference.runtimes import ONNX, OPENVINO_INT8, RUNTIME_FILES, export_packages
 
 log = logging.getLogger("ner")
 CALIBRATION_WINDOWS = 300  # windows whose activation ranges set the scales (NNCF's default subset is 300)
-STATIC_INT8_PACKAGES = ("onnxruntime", "openvino", "nncf")  # onnxruntime: model.int8.onnx is written first
+STATIC_INT8_PACKAGES = export_packages((OPENVINO_INT8,))  # model.onnx is written and checked first
 
 
 def require_packages(asker: str) -> None:

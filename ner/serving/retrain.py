@@ -6,6 +6,7 @@ Starts ner.train as a process: serving never imports training."""
 
 import asyncio
 import hashlib
+import importlib.util
 import json
 import logging
 import os
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ner.errors import UserError
+from ner.extras import install_hint
 from ner.files import (
     RECORD,
     atomic_write_text,
@@ -29,7 +31,7 @@ from ner.files import (
     write_record,
 )
 from ner.inference.model_folder import model_version
-from ner.inference.runtimes import RUNTIME_TRAIN_FLAGS
+from ner.inference.runtimes import RUNTIME_PACKAGES, RUNTIME_TRAIN_FLAGS, TORCH, export_packages
 
 log = logging.getLogger("ner.serving.retrain")
 
@@ -59,6 +61,21 @@ class RetrainOptions:
                    timeout_s=_env_number("NER_RETRAIN_TIMEOUT_S", cls.timeout_s, float, minimum=1),
                    min_interval_s=_env_number("NER_RETRAIN_MIN_INTERVAL_S", cls.min_interval_s, float, minimum=0),
                    keep_runs=_env_number("NER_RETRAIN_KEEP", cls.keep_runs, int, minimum=1))
+
+
+def check_can_retrain(runtime: str | None, options: RetrainOptions) -> None:
+    """Where retraining is configured (LABEL_STUDIO_URL), a server whose install cannot train (PyTorch) and write the
+    files `runtime` reads is refused when it starts, in one line, rather than failing at every training. Refused, not
+    warned: the URL asks for retraining, and a warning in the server's log would leave Label Studio's Start Training
+    failing unseen; unsetting the URL serves the model as it is."""
+    if runtime is None or not options.url:
+        return
+    needed = dict.fromkeys((*RUNTIME_PACKAGES[TORCH], *export_packages((runtime,))))
+    lacking = [package for package in needed if importlib.util.find_spec(package) is None]
+    if lacking:
+        raise UserError(f"Label Studio retraining under --runtime {runtime} needs {' and '.join(lacking)} to train and "
+                        f"write the files it serves: {install_hint(*lacking)} (or unset LABEL_STUDIO_URL to serve "
+                        "without retraining)")
 
 
 def _env_number(name: str, default, kind, minimum):
@@ -192,6 +209,7 @@ class Retrainer:
         self.last: dict = {"status": "idle"}
         self.transport = None  # an httpx transport, for tests
         self.seen_serving: float | None = None  # mtime of serving.json when last read
+        check_can_retrain(served.runtime, options)
         # The model folder the server started with, which every run it makes records: the runs folder may be shared
         # (by default MODEL_DIR/../label-studio-runs: every sibling model folder's server uses it), and a prune
         # touches the runs of its own model folder only, never one another server serves or trained from.

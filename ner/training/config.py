@@ -25,7 +25,7 @@ from ner.data.examples import SAMPLE_DIR
 from ner.data.formats import DATA_FORMATS
 from ner.data.spans import ALIGNMENTS
 from ner.errors import UserError
-from ner.extras import install_hint
+from ner.extras import install_hint, require
 from ner.inference.decode import DECODERS
 from ner.inference.options import (
     CONTEXTS,
@@ -35,7 +35,14 @@ from ner.inference.options import (
     check_max_seq_length,
     parse_min_score,
 )
-from ner.inference.runtimes import FAST_RUNTIMES_FLAG
+from ner.inference.runtimes import (
+    EXPORT_RUNTIME_FLAG,
+    FAST_RUNTIMES,
+    FAST_RUNTIMES_FLAG,
+    REGISTRY,
+    RUNTIMES,
+    export_packages,
+)
 from ner.training.run_files import PLOTS
 
 log = logging.getLogger("ner")
@@ -221,6 +228,12 @@ class TrainConfig:
         "for --runtime onnx, onnx-int8, openvino and openvino-int8, of which --runtime auto picks the fastest here; a "
         "file its check refuses is left out and named in the summary, and the run still ends as finished "
         f"({install_hint('nncf')}; ner.export has the same flag)", resume=MAY_CHANGE)
+    # May change on resume: more files at the end, the same training.
+    export_runtime: str | None = _opt(
+        None, "at the end, also write these runtimes' files into OUTPUT_DIR/final, comma-separated "
+        f"({', '.join(RUNTIMES)}), each checked against PyTorch (openvino-int8 calibrated on the training data): only "
+        "those files, needing only the packages that write them (Label Studio's retraining passes the served "
+        f"runtime); {FAST_RUNTIMES_FLAG} writes every runtime's", resume=MAY_CHANGE)
     output_dir: str = _opt("runs/ner", "where checkpoints, the final export and metrics go", resume=MAY_CHANGE)
     overwrite_output_dir: bool = _opt(
         False, "replace the run in --output-dir: removes only what a run writes (checkpoints/, final/, metrics.jsonl, "
@@ -279,10 +292,10 @@ class TrainConfig:
         if self.early_stopping_patience and self.no_eval:
             raise UserError("--early-stopping-patience needs validation F1; drop --no-eval")
         report_trackers(self.report_to)
-        if self.export_int8:
-            from ner.inference.openvino_export import require_packages
-
-            require_packages(FAST_RUNTIMES_FLAG)
+        runtimes = runtimes_to_export(self.export_int8, self.export_runtime)
+        if runtimes:
+            asked = FAST_RUNTIMES_FLAG if self.export_int8 else f"{EXPORT_RUNTIME_FLAG} {self.export_runtime}"
+            require(asked, *export_packages(runtimes))
         if self.compile == "on" and self.backend == DATA_PARALLEL:
             raise UserError(f"--compile on does not work with --{DATA_PARALLEL} (its replicas would call the compiled "
                             f"original); use --compile off, or DDP (accelerate launch, --{RAW_DDP})")
@@ -296,6 +309,19 @@ class TrainConfig:
     @property
     def output_path(self) -> Path:
         return Path(self.output_dir)
+
+
+def runtimes_to_export(export_int8: bool, export_runtime: str | None) -> tuple[str, ...]:
+    """The runtimes whose files the run's end writes: every one with files of its own for --export-int8, else those
+    --export-runtime names (torch's weights are written anyway)."""
+    if export_int8:
+        return FAST_RUNTIMES
+    names = tuple(dict.fromkeys(name.strip() for name in (export_runtime or "").split(",") if name.strip()))
+    unknown = [name for name in names if name not in REGISTRY]
+    if unknown:
+        raise UserError(f"{EXPORT_RUNTIME_FLAG} {export_runtime}: no runtime {unknown[0]!r} (expected some of "
+                        f"{', '.join(RUNTIMES)}, comma-separated)")
+    return tuple(name for name in names if name in FAST_RUNTIMES)
 
 
 def add_data_arguments(parser: argparse.ArgumentParser) -> None:

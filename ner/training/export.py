@@ -13,7 +13,13 @@ from pathlib import Path
 from ner.data.examples import Example
 from ner.errors import UserError
 from ner.files import RECORD, file_entry, read_record, staged_folder, unrecorded, write_record
-from ner.inference.runtimes import FAST_RUNTIMES_FLAG, ONNX, ONNX_INT8, OPENVINO_INT8, RUNTIME_FILES, RUNTIMES
+from ner.inference.runtimes import (
+    EXPORT_RUNTIME_FLAG,
+    FAST_RUNTIMES,
+    FAST_RUNTIMES_FLAG,
+    REGISTRY,
+    RUNTIME_FILES,
+)
 from ner.metrics import best_evaluation
 from ner.training.checkpoint import CHECKPOINT_TOOL, MANIFEST, read_state, verify
 from ner.training.model_card import model_card
@@ -23,8 +29,8 @@ EXPORT_TOOL = "ner.export"  # the tool of OUT/.ner-record.json (ner/files.py): w
 DESCRIPTION = ("training_args.json", "metrics.json", "README.md")  # what an export adds to the checkpoint's model
 
 
-def export_checkpoint(checkpoint: Path, out_dir: Path, metrics: dict | None = None, onnx: bool = False,
-                      quantize: str | None = None, overwrite: bool = False, update: bool = False,
+def export_checkpoint(checkpoint: Path, out_dir: Path, metrics: dict | None = None, runtimes: tuple[str, ...] = (),
+                      overwrite: bool = False, update: bool = False,
                       sealed_here: bool = False, calibrate: list[Example] | None = None,
                       refused: dict[str, str] | None = None) -> Path:
     """Copy the checkpoint's model folder and describe it; `metrics` defaults to its evals. `overwrite` (the user's
@@ -32,12 +38,12 @@ def export_checkpoint(checkpoint: Path, out_dir: Path, metrics: dict | None = No
     the end of a run): the same, but a file no record shows the export wrote is refused instead of replaced.
     `sealed_here`: the caller sealed the checkpoint a moment ago (a run's last save), so it is not read again to
     verify it (every file hashed, the optimizer state too: a cost at every run's end, docs/performance.md,
-    "Start-up and tear-down"). `refused`: see add_onnx."""
+    "Start-up and tear-down"). `runtimes`, `refused`: see add_onnx."""
     problem = None if sealed_here else verify(checkpoint)
     if problem is not None:
         raise UserError(f"{checkpoint}: not a complete checkpoint: {problem}")
     out_dir = Path(out_dir)
-    names = checkpoint_export_names(checkpoint) | onnx_names(onnx, quantize, calibrate)
+    names = checkpoint_export_names(checkpoint) | onnx_names(runtimes)
     check_out_dir(out_dir, overwrite, update, names)
     state = read_state(checkpoint)
     if metrics is None:
@@ -51,7 +57,7 @@ def export_checkpoint(checkpoint: Path, out_dir: Path, metrics: dict | None = No
         (tmp / "training_args.json").write_text(json.dumps(training_args, indent=2, sort_keys=True) + "\n")
         (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
         (tmp / "README.md").write_text(model_card(training_args, metrics), encoding="utf-8")
-        add_onnx(tmp, onnx, quantize, calibrate, refused)
+        add_onnx(tmp, runtimes, calibrate, refused)
         check_out_dir(out_dir, overwrite, update)  # again: the ONNX check takes a while
         keep_what_is_not_ours(out_dir, tmp, overwrite, known=copied_entries(checkpoint))
     return out_dir
@@ -65,21 +71,20 @@ def copied_entries(checkpoint: Path) -> dict[str, dict]:
             if name.startswith("model/") and name.count("/") == 1 and name[len("model/"):] not in DESCRIPTION}
 
 
-def export_folder(model_dir: Path, out_dir: Path, onnx: bool = False, quantize: str | None = None,
-                  overwrite: bool = False, calibrate: list[Example] | None = None,
-                  refused: dict[str, str] | None = None) -> Path:
-    """The files of an exported model folder copied to `out_dir`, ONNX files added (`refused`: see add_onnx). In place
+def export_folder(model_dir: Path, out_dir: Path, runtimes: tuple[str, ...] = (), overwrite: bool = False,
+                  calibrate: list[Example] | None = None, refused: dict[str, str] | None = None) -> Path:
+    """The files of an exported model folder copied to `out_dir`, the files of `runtimes` added (see add_onnx). In place
     when they are the same folder: allowed without `overwrite`, since naming the folder twice asks for it, and its
     files are copied onto themselves; what is not the export's stays."""
     out_dir = Path(out_dir)
     in_place = same_folder(model_dir, out_dir)
     files, unvouched = files_of_export(model_dir, in_place)
-    names = onnx_names(onnx, quantize, calibrate) | (set() if in_place else {p.name for p in files})
+    names = onnx_names(runtimes) | (set() if in_place else {p.name for p in files})
     check_out_dir(out_dir, overwrite, in_place, names)
     with staged_folder(out_dir) as tmp:
         for path in files:
             shutil.copy2(path, tmp / path.name)
-        add_onnx(tmp, onnx, quantize, calibrate, refused)
+        add_onnx(tmp, runtimes, calibrate, refused)
         check_out_dir(out_dir, overwrite, in_place)
         keep_what_is_not_ours(out_dir, tmp, overwrite, unvouched)
     return out_dir
@@ -107,22 +112,19 @@ def checkpoint_export_names(checkpoint: Path | None) -> set[str]:
     return set(DESCRIPTION) | ({p.name for p in model.iterdir() if p.is_file()} if model and model.is_dir() else set())
 
 
-def onnx_names(onnx: bool, quantize: str | None, calibrate: list[Example] | None = None) -> set[str]:
+def onnx_names(runtimes: tuple[str, ...]) -> set[str]:
     """The files add_onnx writes."""
-    quantized = bool(onnx and quantize)
-    runtimes = [ONNX] * onnx + [ONNX_INT8] * quantized + [OPENVINO_INT8] * (quantized and calibrate is not None)
     return {name for runtime in runtimes for name in RUNTIME_FILES[runtime]}
 
 
-def export_any(source: Path, out_dir: Path, onnx: bool = False, quantize: str | None = None,
-               overwrite: bool = False, calibrate: list[Example] | None = None,
-               refused: dict[str, str] | None = None) -> Path:
+def export_any(source: Path, out_dir: Path, runtimes: tuple[str, ...] = (), overwrite: bool = False,
+               calibrate: list[Example] | None = None, refused: dict[str, str] | None = None) -> Path:
     """A checkpoint (manifest.json) or an exported folder (config.json + training_args.json) to `out_dir`."""
     if (source / MANIFEST).is_file():
-        return export_checkpoint(source, out_dir, onnx=onnx, quantize=quantize, overwrite=overwrite,
-                                 calibrate=calibrate, refused=refused)
+        return export_checkpoint(source, out_dir, runtimes=runtimes, overwrite=overwrite, calibrate=calibrate,
+                                 refused=refused)
     if is_export(source):
-        return export_folder(source, out_dir, onnx, quantize, overwrite, calibrate, refused)
+        return export_folder(source, out_dir, runtimes, overwrite, calibrate, refused)
     raise UserError(f"{source}: neither a checkpoint (manifest.json) nor an exported model folder "
                     "(config.json + training_args.json)")
 
@@ -223,41 +225,44 @@ def check_out_dir(out_dir: Path, overwrite: bool, update: bool = False, names: s
         raise UserError(refusal(*unsure[0]))
 
 
-def add_onnx(folder: Path, onnx: bool, quantize: str | None, calibrate: list[Example] | None = None,
+def add_onnx(folder: Path, runtimes: tuple[str, ...], calibrate: list[Example] | None = None,
              refused: dict[str, str] | None = None) -> None:
-    """ONNX files (and OpenVINO's static int8, calibrated on the `calibrate` examples), checked against PyTorch, into
-    the staged folder. `refused` (a dict): a file a gate refuses is named there by runtime and the others are kept
-    (FAST_RUNTIMES_FLAG); without it a refusal fails the export."""
-    if not onnx:
+    """The files of `runtimes` (OpenVINO's static int8 calibrated on the `calibrate` examples), checked against
+    PyTorch, into the staged folder. `refused` (a dict): a file a gate refuses is named there by runtime and the others
+    are kept (FAST_RUNTIMES_FLAG); without it a refusal fails the export."""
+    if not runtimes:
         return
     from ner.inference.onnx_export import write_onnx  # torch.onnx loads only when asked for
 
-    measured = write_onnx(folder, quantize, calibrate, refused)
+    measured = write_onnx(folder, runtimes, calibrate, refused)
     print("ONNX check against PyTorch: " + ", ".join(f"{k} {v:.3g}" for k, v in measured.items()), file=sys.stderr)
 
 
-FAST_RUNTIMES = tuple(runtime for runtime in RUNTIMES if RUNTIME_FILES[runtime])  # every runtime but torch
-
-
-def export_fast_runtimes(source: Path, out_dir: Path, calibrate: list[Example], overwrite: bool = False) -> str:
-    """FAST_RUNTIMES_FLAG: `source` exported to `out_dir` with every file a runtime of FAST_RUNTIMES reads, each past
-    its gate; a refused file is left out and named, the others kept. Returns the report: what was written, what was
-    refused and why, and what --runtime auto will run here."""
+def export_fast_runtimes(source: Path, out_dir: Path, calibrate: list[Example], overwrite: bool = False,
+                         runtimes: tuple[str, ...] = FAST_RUNTIMES) -> str:
+    """FAST_RUNTIMES_FLAG (or --export-runtime, for some of them): `source` exported to `out_dir` with every file the
+    `runtimes` read, each past its gate; a refused file is left out and named, the others kept. `calibrate`: the text
+    a calibrated runtime's files are calibrated on. Returns the report: what was written, what was refused and why,
+    and what --runtime auto will run here."""
     refused: dict[str, str] = {}
-    export_any(source, out_dir, onnx=True, quantize="int8", overwrite=overwrite, calibrate=calibrate, refused=refused)
+    calibrate = calibrate if any(REGISTRY[runtime].calibrated for runtime in runtimes) else None
+    export_any(source, out_dir, runtimes, overwrite=overwrite, calibrate=calibrate, refused=refused)
     for runtime, reason in refused.items():
         log.warning("%s: %s refused (--runtime %s): %s", out_dir, "/".join(RUNTIME_FILES[runtime]), runtime, reason)
-    return fast_runtimes_report(Path(out_dir), refused)
+    return fast_runtimes_report(Path(out_dir), refused, runtimes)
 
 
-def fast_runtimes_report(model_dir: Path, refused: dict[str, str]) -> str:
+def fast_runtimes_report(model_dir: Path, refused: dict[str, str], runtimes: tuple[str, ...] = FAST_RUNTIMES) -> str:
     from ner.inference.runtime_choice import CPU_CLASS_HELP, choose, device_class_of
 
-    written = sorted({name for runtime in FAST_RUNTIMES if runtime not in refused for name in RUNTIME_FILES[runtime]})
-    lines = [f"{FAST_RUNTIMES_FLAG}: wrote {', '.join(written) or 'no runtime file'} into {model_dir}"]
-    for reason, runtimes in group_by_reason(refused).items():
-        names = sorted({name for runtime in runtimes for name in RUNTIME_FILES[runtime]})
-        lines.append(f"{FAST_RUNTIMES_FLAG}: refused {', '.join(names)} (--runtime {', '.join(runtimes)}): {reason}")
+    flag = FAST_RUNTIMES_FLAG if runtimes == FAST_RUNTIMES else f"{EXPORT_RUNTIME_FLAG} {','.join(runtimes)}"
+    # what the export's record says it wrote, not what was planned: a step that failed before a file leaves it out
+    recorded = read_record(model_dir, EXPORT_TOOL) or {}
+    written = sorted({name for runtime in runtimes for name in RUNTIME_FILES[runtime] if name in recorded})
+    lines = [f"{flag}: wrote {', '.join(written) or 'no runtime file'} into {model_dir}"]
+    for reason, refused_runtimes in group_by_reason(refused).items():
+        names = sorted({name for runtime in refused_runtimes for name in RUNTIME_FILES[runtime]})
+        lines.append(f"{flag}: refused {', '.join(names)} (--runtime {', '.join(refused_runtimes)}): {reason}")
     choice = choose(device_class_of(None), model_dir)
     lines.append(f"python -m ner.predict will run --runtime {choice.runtime} on this machine "
                  f"({CPU_CLASS_HELP[choice.device_class]}: {choice.figure})")

@@ -33,7 +33,7 @@ from ner.metrics import entity_scores, format_scores
 from ner.process import log_to_stderr
 from ner.training import checkpoint as ckpt
 from ner.training.auto import resolve_auto, resolve_casing, resolve_context, resolve_mixed_precision
-from ner.training.config import TrainConfig, tokenization_cache_dir, with_sample_data
+from ner.training.config import TrainConfig, runtimes_to_export, tokenization_cache_dir, with_sample_data
 from ner.training.evaluation import EvalSet, build_eval_set, predict_tags
 from ner.training.export import export_checkpoint, export_fast_runtimes
 from ner.training.hooks import RunHooks
@@ -241,7 +241,8 @@ def finish(cfg: TrainConfig, backend: Backend, model: torch.nn.Module, data: Pre
     if backend.is_main_process:
         # after the barrier, so no rank waits through calibration; after the plain export, so a gate that refuses a
         # file leaves final/ whole without it, and the run ends as finished (the report names the refusal)
-        fast_runtimes = export_fast_runtimes(final, final, data.splits.train) if cfg.export_int8 else None
+        runtimes = runtimes_to_export(cfg.export_int8, cfg.export_runtime)
+        fast_runtimes = export_fast_runtimes(final, final, data.splits.train, runtimes=runtimes) if runtimes else None
         print(json.dumps({k: (v["f1"] if isinstance(v, dict) else v) for k, v in metrics.items()
                           if k != "errors" and (not isinstance(v, dict) or "f1" in v)}))
         if fast_runtimes is not None:

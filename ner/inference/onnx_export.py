@@ -27,7 +27,7 @@ from ner.data.encode import UNKNOWN_CASE, casing_type, model_inputs
 from ner.data.examples import Example
 from ner.errors import UserError
 from ner.extras import require
-from ner.files import staged_file
+from ner.files import remove_recorded, staged_file
 from ner.inference.model_folder import ModelSettings
 from ner.inference.onnx_runtime import onnx_session
 from ner.inference.runtimes import ONNX, ONNX_INT8, OPENVINO_INT8, REGISTRY, RUNTIME_FILES, RUNTIMES
@@ -110,7 +110,7 @@ def write_onnx(model_dir: Path, runtimes: tuple[str, ...] = (ONNX,), calibrate: 
         measured |= gated((OPENVINO_INT8,), refused, lambda: write_static_int8(
             model_dir, calibrate, batches, references, outside))
     if not set(runtimes) & set(READS_MODEL_ONNX):  # written only as the int8 files' source: not asked for, it goes
-        (model_dir / RUNTIME_FILES[ONNX][0]).unlink(missing_ok=True)
+        remove_recorded(model_dir, {RUNTIME_FILES[ONNX][0]: {}})  # written above, in the export's staging folder
     return measured
 
 

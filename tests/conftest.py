@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import random
@@ -18,6 +19,18 @@ from ner.data.batching import NO_TOKEN_BUDGET
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_CONLL = ROOT.parent / "shared" / "data" / "conll2003"
+
+
+def needs(*packages: str) -> pytest.MarkDecorator:
+    """Skip a test where the install lacks `packages`: .ci/run runs the suite on partial installs too (the core
+    install, `.[serve,onnx]`), where a test of what such an install lacks cannot run."""
+    lacking = [package for package in packages if importlib.util.find_spec(package) is None]
+    return pytest.mark.skipif(bool(lacking), reason=f"not installed: {', '.join(lacking)}")
+
+
+SERVE_PACKAGES = ("fastapi", "uvicorn", "prometheus_client", "httpx")  # the serve extra's, and its test client's
+ONNX_PACKAGES = ("onnx", "onnxruntime")
+OPENVINO_PACKAGES = ("openvino", "nncf")
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import tiny_args
+from conftest import SERVE_PACKAGES, needs, tiny_args
 from encoders import FAMILIES, build_encoder
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -184,6 +184,7 @@ def test_openvino_runs_every_family_and_a_row_keeps_its_bytes_among_other_rows(t
             assert moved[0].tobytes() == batched[row].tobytes(), (name, path.name, precision, row)
 
 
+@needs(*SERVE_PACKAGES)
 def test_serves_tags_a_corpus_and_answers_label_studio(trained, tmp_path):
     pytest.importorskip("fastapi")
     from fastapi.testclient import TestClient

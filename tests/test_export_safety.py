@@ -11,7 +11,7 @@ import shutil
 from types import SimpleNamespace
 
 import pytest
-from conftest import python_module, run_cli, tiny_args
+from conftest import ONNX_PACKAGES, needs, python_module, run_cli, tiny_args
 
 import ner.inference.onnx_export
 from ner import files
@@ -124,6 +124,7 @@ def test_overwrite_replaces_only_the_exports_files_in_a_model_repository(export,
     assert sorted(p.name for p in tmp_path.iterdir()) == ["exported", "src"]
 
 
+@needs(*ONNX_PACKAGES)
 def test_a_failing_export_keeps_the_old_one_whole(export, tmp_path, monkeypatch, capsys):
     out = tmp_path / "exported"
     assert export_main([str(export), str(out)]) == 0
@@ -140,6 +141,7 @@ def test_a_failing_export_keeps_the_old_one_whole(export, tmp_path, monkeypatch,
     assert sorted(p.name for p in tmp_path.iterdir()) == ["exported", "src"]
 
 
+@needs(*ONNX_PACKAGES)
 def test_export_in_place_adds_onnx_without_overwrite(export, monkeypatch):
     def fake(folder, quantize=None, calibrate=None, refused=None):
         (folder / "model.onnx").write_bytes(b"graph")
@@ -172,6 +174,7 @@ def test_a_file_as_out_is_refused(export, tmp_path, capsys):
     assert out.read_bytes() == b"user data"
 
 
+@needs(*ONNX_PACKAGES)
 def test_a_readme_of_yours_in_an_export_is_replaced_only_with_overwrite_and_named_first(export, checkpoint, tmp_path,
                                                                                         monkeypatch, caplog, capsys):
     """OUT is an export that wrote no card (SRC had none); the README.md there is the user's, in no listing."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import tiny_args
+from conftest import SERVE_PACKAGES, needs, tiny_args
 
 from ner import train as train_cli
 from ner.backends import NO_MIXED_PRECISION
@@ -59,6 +59,7 @@ def test_a_type_threshold_overrides_the_overall_one(random_model, unfiltered):
     assert kept == [[e for e in text if e[0] == kind] for text in found]
 
 
+@needs(*SERVE_PACKAGES)
 def test_training_stores_it_and_every_path_applies_it(tiny_bert, tiny_data, tmp_path, unfiltered):
     pytest.importorskip("fastapi")
     from fastapi.testclient import TestClient

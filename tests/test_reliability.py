@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import python_module, read_state, run_cli, tiny_args
+from conftest import ONNX_PACKAGES, OPENVINO_PACKAGES, needs, python_module, read_state, run_cli, tiny_args
 from safetensors.torch import load_file
 
 from ner.backends import ACCELERATE, RAW_DDP
@@ -254,6 +254,7 @@ def test_resume_accepts_or_refuses_each_option_as_the_option_declares(tmp_path, 
             ckpt.check_compatible(older, config, ["O"], 1, tmp_path)
 
 
+@needs(*ONNX_PACKAGES, *OPENVINO_PACKAGES)
 def test_a_resume_may_add_export_int8_which_changes_no_math(tiny_bert, tiny_data, tmp_path, monkeypatch):
     """A run resumed at its last step with --export-int8 added: accepted, and its end writes the int8 files (the
     export itself is recorded here, not run: test_openvino runs it)."""

@@ -14,6 +14,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import ONNX_PACKAGES, OPENVINO_PACKAGES, needs
 
 from ner.cpu import cpu_class, cpu_flags, this_cpu_class
 from ner.inference import runtime_choice
@@ -110,6 +111,7 @@ def test_a_runtime_whose_package_is_missing_is_passed_over_with_its_install_line
         (OPENVINO_INT8, 'pip install -e ".[openvino]"'), (OPENVINO, 'pip install -e ".[openvino]"')]
 
 
+@needs(*ONNX_PACKAGES, *OPENVINO_PACKAGES)
 def test_the_log_line_says_what_why_and_which_export_would_be_faster(tmp_path, monkeypatch, caplog):
     folder = folder_with(tmp_path, (ONNX,))
     monkeypatch.setattr(runtime_choice, "this_cpu_class", lambda: "avx2")
@@ -131,6 +133,7 @@ def test_an_explicit_runtime_always_wins_and_says_nothing(tmp_path, monkeypatch,
     assert not caplog.records
 
 
+@needs(*ONNX_PACKAGES)
 def test_a_gpu_device_picks_torch_and_a_cpu_device_its_class(tmp_path, monkeypatch):
     folder = folder_with(tmp_path, RUNTIMES)
     monkeypatch.setattr(runtime_choice, "this_cpu_class", lambda: "avx2")
@@ -215,6 +218,7 @@ def onnx_export(random_model, tmp_path_factory) -> Path:
     return out
 
 
+@needs(*ONNX_PACKAGES, *OPENVINO_PACKAGES)  # then auto runs model.onnx before torch on every CPU class
 def test_the_python_api_is_auto_by_default_and_tags_as_ner_predict(onnx_export, tmp_path, capsys, monkeypatch):
     """Tagger and RayTagger, given no runtime, run what ner.predict runs on the same folder (docs/prediction.md
     promises its output): a fast runtime where the export has one's files, not torch. As on a host without a GPU,
@@ -236,6 +240,7 @@ def test_the_python_api_is_auto_by_default_and_tags_as_ner_predict(onnx_export, 
     assert [json.loads(line) for line in capsys.readouterr().out.splitlines()] == tagger.predict(texts)
 
 
+@needs(*ONNX_PACKAGES, *OPENVINO_PACKAGES)  # then auto runs model.onnx before torch on every CPU class
 def test_a_swap_runs_what_auto_picks_for_the_new_folder(onnx_export, random_model, tmp_path, monkeypatch):
     """A Label Studio swap (like()) to an export without the fast runtime's files runs what auto allows there
     (torch), and a swap back runs the fast one again: auto is resolved per folder, not pinned by the first."""

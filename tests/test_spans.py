@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import SHARED_CONLL, python_module, run_cli, tiny_args
+from conftest import SHARED_CONLL, needs, python_module, run_cli, tiny_args
 
 from ner.data.conll import read_conll
 from ner.data.examples import SAMPLE_DIR
@@ -233,6 +233,7 @@ def test_label_studio_errors(tmp_path):
         read_examples(path)
 
 
+@needs("spacy")
 def test_spacy_docbin(tmp_path):
     import spacy  # in the test extra: this check runs wherever the tests do
     from spacy.tokens import DocBin

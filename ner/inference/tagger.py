@@ -42,7 +42,14 @@ from ner.inference.openvino_runtime import OpenVinoRuntime
 from ner.inference.options import PAD_TO_MULTIPLE_OF, check_max_seq_length, inference_budget, parse_min_score
 from ner.inference.runtime import runtime_path
 from ner.inference.runtime_choice import resolve_runtime
-from ner.inference.runtimes import AUTO_RUNTIME, OPENVINO_RUNTIMES, RUNTIME_CHOICES, RUNTIME_PACKAGES, TORCH
+from ner.inference.runtimes import (
+    AUTO_RUNTIME,
+    OPENVINO_RUNTIMES,
+    RUNTIME_CHOICES,
+    RUNTIME_FILES,
+    RUNTIME_PACKAGES,
+    TORCH,
+)
 from ner.inference.torch_runtime import TorchRuntime
 
 log = logging.getLogger("ner")
@@ -98,8 +105,10 @@ class Tagger:
             raise UserError(f"--runtime {runtime}: expected one of {', '.join(RUNTIME_CHOICES)}")
         # options keep "auto": like() resolves it again for the new folder, whose export may lack this pick's files
         runtime = resolve_runtime(runtime, model_dir, device)
-        # before anything is loaded: the runtime's packages, as the registry declares them (torch too, which an
-        # ONNX-only deployment may leave out)
+        # before anything is loaded: the runtime's file (named first: the export that writes it needs the packages
+        # too), then its packages as the registry declares them (torch too, which an ONNX-only deployment may leave out)
+        if RUNTIME_FILES[runtime]:
+            runtime_path(model_dir, runtime)
         require(f"--runtime {runtime}", *RUNTIME_PACKAGES[runtime])
         import transformers
 

@@ -18,6 +18,14 @@ output), so that nothing else there is ever removed or replaced:
     read_whole_record(folder, tool)        # the record as written, the writer's own keys included
     unrecorded(folder, entries)            # what the record does not vouch for, each with whether it was edited
     tree_paths(folder)                     # every path under a folder, as a record names them: the one walk
+
+And the one function that removes files (checkpoint rotation, --overwrite-output-dir, export --overwrite, the
+retrainer's prune, corpus --overwrite, static-export clean-up, the serve workers' folders): given a record of what
+this tool wrote, it removes only what the record lists, as it was recorded, and returns the rest for the caller to
+report or refuse. tests/test_deletion_owner.py fails on a module that removes files any other way.
+
+    remove_recorded(folder, entries)       # the record's paths, unchanged since; returns what it left
+    made_here(folder)                      # the record of a folder made here whole (a temporary, a killed save's)
 """
 
 from __future__ import annotations
@@ -27,7 +35,6 @@ import json
 import os
 import re
 import secrets
-import shutil
 import string
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -151,8 +158,8 @@ def staged_folder(path: Path) -> Iterator[Path]:
         staged.mkdir()
         yield staged
         replace_folder(staged, path)
-    finally:
-        shutil.rmtree(container, ignore_errors=True)
+    finally:  # made here: what is left of it (the staged folder, where the block failed) is ours whole
+        remove_recorded(container.parent, made_here(container.parent, container.name))
 
 
 def replace_folder(new: Path, path: Path) -> None:
@@ -169,10 +176,10 @@ def replace_folder(new: Path, path: Path) -> None:
         os.rename(new, path)
     except BaseException:
         os.rename(aside / path.name, path)
-        aside.rmdir()
+        remove_recorded(aside.parent, {aside.name: {}})
         raise
     fsync_path(path.parent)
-    shutil.rmtree(aside, ignore_errors=True)
+    remove_recorded(aside.parent, made_here(aside.parent, aside.name))  # the old folder, replaced: its caller's call
 
 
 # The record, one format on disk: {"tool": "ner.export", "files": {PATH: ENTRY, ...}} and whatever else its writer
@@ -257,3 +264,44 @@ def same_bytes(path: Path, entry: dict) -> bool:
     """`path` is a plain file holding the bytes `entry` pins."""
     return (path.is_file() and not path.is_symlink() and path.stat().st_size == entry.get("size")
             and sha256_file(path) == entry["sha256"])
+
+
+def made_here(folder: Path, name: str = "") -> dict[str, dict]:
+    """The record of folder `folder/name` (or `folder` itself) as a whole, contents not pinned: for a folder this
+    tool made and alone writes (mkdtemp, a staging name of this module's), so everything in it is the tool's."""
+    root = Path(folder) / name
+    prefix = PurePosixPath(name) if name else None
+    entries = {str(prefix / path) if prefix else path: {} for path in tree_paths(root)} if root.is_dir() else {}
+    return {**({name: {}} if name else {}), **entries}
+
+
+def remove_recorded(folder: Path, entries: dict[str, dict], contents: bool = True, whole: bool = False) -> list[Path]:
+    """Remove from `folder` what `entries` (a record of what this tool wrote there: relative paths) lists, deepest
+    first: a file (or link) while it is as recorded (pinned bytes compared by sha256 with `contents`, else by size),
+    a folder once it is empty (one that only holds listed paths is listed implicitly). `whole`: `folder` too, once
+    empty. Everything else stays, and is returned with what could not be removed: the caller reports or refuses it.
+    A missing path is no error (removed already)."""
+    folder = Path(folder)
+    if not folder.is_dir() or folder.is_symlink():
+        return []
+    kept = [path for path, _ in unrecorded(folder, entries, contents=contents, name="")]
+    holding = {parent for path in kept for parent in path.parents}
+    implicit = {parent.as_posix() for path in entries for parent in PurePosixPath(path).parents} - {"."}
+    for name in sorted(set(entries) | implicit, key=lambda name: (name.count("/"), name), reverse=True):
+        path = folder / name
+        if path in holding or path in kept or not (path.exists() or path.is_symlink()):
+            continue
+        entry = entries.get(name, {})
+        try:
+            if not contents and "size" in entry and path.is_file() and path.stat().st_size != entry["size"]:
+                raise OSError("edited since: no longer the tool's")
+            path.rmdir() if path.is_dir() and not path.is_symlink() else path.unlink()
+        except OSError:  # or a folder that something unlisted entered meanwhile: it stays, and so does what holds it
+            kept.append(path)
+            holding |= set(path.parents)
+    if whole and not kept:
+        try:
+            folder.rmdir()
+        except OSError:
+            kept.append(folder)
+    return sorted(kept)

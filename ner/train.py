@@ -24,6 +24,7 @@ from ner.backends.trackers import TrackerClaim
 from ner.errors import cli
 from ner.process import exit_now, process_rank_from_env
 from ner.training.config import parse_config
+from ner.training.output_dir import write_run_record
 from ner.training.run import run
 
 
@@ -47,8 +48,10 @@ def main(argv: list[str] | None = None) -> int:
         launch(cfg, worker, getattr(args, "local_rank", None))
     finally:  # after the backend ended, since trackers write their last files as they close
         worker.trackers.release()
-    if args.plots and process_rank_from_env() == 0:
-        draw_plots(cfg.output_path)
+    if process_rank_from_env() == 0:
+        if args.plots:
+            draw_plots(cfg.output_path)
+        write_run_record(cfg.output_path)  # last: the trackers closed, the plots drawn
     return 0
 
 

@@ -582,3 +582,49 @@ def test_a_record_vouches_for_the_bytes_it_pins_and_the_paths_it_lists_and_is_it
     assert files.unrecorded(folder, entries, contents=False) == files.unrecorded(folder, entries)[:2]
     assert files.unrecorded(folder, entries, names={"weights"}) == [(folder / "weights", True)]
     assert [path.name for path, _ in files.unrecorded(folder, None)] == ["logs", "notes", "weights"]
+
+
+# ----------------------------------------------------------------------------- --resume PATH of another run
+
+def test_resume_from_another_runs_checkpoint_refuses_a_folder_that_holds_a_run(export, checkpoint, tmp_path):
+    """--resume PATH names a checkpoint of another folder: a run already in --output-dir is not the one resumed, and
+    rotation, the export and metrics.jsonl would take it over. Refused unless --overwrite-output-dir."""
+    out = tmp_path / "b"
+    out.mkdir()
+    a_finished_run(out, export, checkpoint)
+    before = snapshot(out)
+    with pytest.raises(UserError, match=f"^{re.escape(str(out))}: holds another run \\(checkpoints, final, "
+                                        f"metrics.jsonl.*\\), not the run of --resume {re.escape(str(checkpoint))}"):
+        claim(out, overwrite=False, resume=str(checkpoint), resume_from=checkpoint)
+    assert snapshot(out) == before
+    claim(out, overwrite=True, resume=str(checkpoint), resume_from=checkpoint)  # told to: the old run goes
+    assert list(out.iterdir()) == []
+
+
+def test_resume_from_a_checkpoint_into_a_new_folder_or_its_own_run_goes_ahead(export, checkpoint, tmp_path):
+    claim(tmp_path / "new", overwrite=False, resume=str(checkpoint), resume_from=checkpoint)
+    own = tmp_path / "a"
+    own.mkdir()
+    a_finished_run(own, export, checkpoint)
+    resumed = own / "checkpoints" / "step_4"
+    before = snapshot(own)
+    claim(own, overwrite=False, resume=str(resumed), resume_from=resumed)
+    claim(own, overwrite=True, resume=str(resumed), resume_from=resumed)  # its own run: nothing is removed
+    assert snapshot(own) == before
+
+
+def test_the_command_refuses_to_resume_another_folders_checkpoint_over_a_finished_run(tiny_bert, tiny_data, tmp_path,
+                                                                                      capsys):
+    """The reported command: `--output-dir runs/b --resume runs/a/checkpoints/step_N` with runs/b finished: one line,
+    exit 2, runs/b as it was (its checkpoints, final/ and metrics.jsonl included)."""
+    runs = {name: tmp_path / name for name in "ab"}
+    for out in runs.values():
+        assert train_cli.main(tiny_args(tiny_bert, tiny_data, out, "--max-steps", "4", "--save-steps", "2")) == 0
+    step = ckpt.list_checkpoints(runs["a"])[-1]
+    before = snapshot(runs["b"])
+    capsys.readouterr()
+    assert train_cli.main(tiny_args(tiny_bert, tiny_data, runs["b"], "--max-steps", "6", "--resume", str(step))) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1].startswith(f"error: {runs['b']}: holds another run (checkpoints, final, ")
+    assert "Traceback" not in err
+    assert snapshot(runs["b"]) == before

@@ -540,6 +540,17 @@ def retraining_env(tmp_path, monkeypatch):
     return tmp_path / "runs"
 
 
+def records_as_ner_train_does(run_dir: Path) -> None:
+    """For a fake ner.train: the records the real one leaves, final/'s export record and the run's own."""
+    from ner import files
+    from ner.training.export import EXPORT_TOOL
+    from ner.training.output_dir import write_run_record
+
+    final = run_dir / "final"
+    files.write_record(final, EXPORT_TOOL, {p.name: files.file_entry(p) for p in final.iterdir() if p.is_file()})
+    write_run_record(run_dir)
+
+
 def worker_app(tagger, random_model, export: list[dict]):
     app = create_app(tagger, random_model, Limits(), label_studio=True)
     app.state.label_studio.retrainer.transport = httpx.MockTransport(lambda request: httpx.Response(200, json=export))
@@ -562,6 +573,7 @@ def test_a_flood_of_webhooks_on_two_workers_trains_one_at_a_time_keeps_few_runs_
             await asyncio.sleep(0.3)
             shutil.copytree(random_model, run_dir / "final")
             (run_dir / "final" / "model.safetensors").write_bytes(os.urandom(64))  # a new model_version
+            records_as_ner_train_does(run_dir)
             return 0
         finally:
             running[0] -= 1
@@ -599,12 +611,13 @@ def test_a_prune_removes_only_what_the_old_run_folders_record_lists(tagger, rand
     run's that the user edited (with the folder holding them); the folder no longer counts as a run."""
     import shutil
 
-    from ner.files import RECORD
+    from ner.serving.retrain import RETRAIN_RECORD
 
     async def fake_training(export, run_dir):  # stands in for ner.train: a new export and a log
         shutil.copytree(random_model, run_dir / "final")
         (run_dir / "final" / "model.safetensors").write_bytes(os.urandom(64))  # a new model_version
         (run_dir / "train.log").write_text("trained\n")
+        records_as_ner_train_does(run_dir)
         return 0
 
     app = worker_app(tagger, random_model, [])
@@ -628,7 +641,7 @@ def test_a_prune_removes_only_what_the_old_run_folders_record_lists(tagger, rand
     left = sorted(p.relative_to(first).as_posix() for p in first.rglob("*"))
     assert left == ["final", "final/my_scores.json", "notes.txt", "train.log"]
     assert (first / "notes.txt").read_text() == "mine" and "my remark" in (first / "train.log").read_text()
-    assert sorted(p for p in retraining_env.glob("project*-*") if (p / RECORD).is_file())[0] == second
+    assert sorted(p for p in retraining_env.glob("project*-*") if (p / RETRAIN_RECORD).is_file())[0] == second
 
 
 def test_a_swapped_model_is_loaded_with_the_servers_own_options(random_model):
@@ -713,3 +726,130 @@ def alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def fake_ner_train(random_model):
+    """Stands in for ner.train in a retraining: a new export in run_dir/final (other weights: a new model_version)."""
+    import shutil
+
+    async def fake_training(export, run_dir):
+        shutil.copytree(random_model, run_dir / "final")
+        (run_dir / "final" / "model.safetensors").write_bytes(os.urandom(64))
+        records_as_ner_train_does(run_dir)
+        return 0
+
+    return fake_training
+
+
+@pytest.mark.parametrize("failing", ["record_run", "prune"])
+def test_a_failure_to_record_or_prune_ends_the_training_as_failed_with_its_message(tagger, random_model,
+                                                                                   retraining_env, monkeypatch,
+                                                                                   failing):
+    from ner.serving import retrain
+
+    def fail(*args):
+        raise OSError(f"{failing}: no space left on device")
+
+    monkeypatch.setattr(*((retrain, "record_run") if failing == "record_run" else (retrain.Retrainer, "prune")), fail)
+    app = worker_app(tagger, random_model, [])
+    app.state.label_studio.retrainer.train = fake_ner_train(random_model)
+    app.state.label_studio.load_tagger = lambda model_dir: tagger
+    with TestClient(app) as client:
+        assert client.post("/label-studio/train", json={"project": 4}).json()["training"] is True
+        status = wait_for_training(client, timeout_s=20)
+        assert client.get("/label-studio/health").json()["training"]["status"] == "failed"
+    assert status["status"] == "failed" and status["error"] == f"{failing}: no space left on device", status
+
+
+def test_a_run_is_recorded_from_the_runs_own_records_and_never_lists_a_file_dropped_in_it(tiny_bert, tiny_data,
+                                                                                          tmp_path, monkeypatch):
+    """What ner.train wrote is recorded from its records (checkpoint manifests, the export's, the run's own), not by
+    hashing it again on the serving host (the optimizer state is gigabytes for BERT-base); a file of yours dropped in
+    the run folder while it trained is never the run's, so a prune leaves it."""
+    from conftest import tiny_args
+
+    from ner import files
+    from ner import train as train_cli
+    from ner.serving import retrain
+
+    run_dir = tmp_path / "runs" / "project1-20260101-000000"
+    run_dir.mkdir(parents=True)
+    (run_dir / "export.json").write_text("[]")
+    files.write_record(run_dir, retrain.RETRAIN_TOOL, {"export.json": files.file_entry(run_dir / "export.json")},
+                       retrain.RETRAIN_RECORD)  # as the retrainer's fetch records it
+    (run_dir / "train.log").write_text("trained\n")
+    assert train_cli.main(tiny_args(tiny_bert, tiny_data, run_dir, "--max-steps", "4", "--save-steps", "2")) == 0
+    (run_dir / "notes.txt").write_text("mine")  # dropped in while it trained
+    (run_dir / "final" / "my_scores.json").write_text("{}")
+    hashed = []
+    monkeypatch.setattr(files, "sha256_file", lambda path, real=files.sha256_file: hashed.append(path.name) or
+                        real(path))
+    retrain.record_run(run_dir)
+    assert "optimizer.pt" not in hashed and "model.safetensors" not in hashed, hashed
+    hashed.clear()
+    retrain.remove_run(run_dir)
+    assert sorted(p.relative_to(run_dir).as_posix() for p in run_dir.rglob("*")) == [
+        "final", "final/my_scores.json", "notes.txt"]
+
+
+def test_a_prune_never_removes_a_run_another_model_folders_server_serves(tagger, random_model, retraining_env,
+                                                                         monkeypatch):
+    """Two servers of two model folders share the default runs folder (MODEL_DIR/../label-studio-runs): the runs of
+    one are never the other's to prune, the one it serves included (NER_RETRAIN_KEEP=2)."""
+    import shutil
+
+    monkeypatch.delenv("NER_RETRAIN_DIR")
+    monkeypatch.delenv("NER_SERVE_SESSION")  # two servers, not two workers of one
+    models = retraining_env.parent / "models"
+    apps = {}
+    for name in ("a", "b"):
+        shutil.copytree(random_model, models / name)
+        apps[name] = worker_app(tagger, models / name, [])
+        apps[name].state.label_studio.retrainer.train = fake_ner_train(random_model)
+        apps[name].state.label_studio.load_tagger = lambda model_dir: tagger
+
+    def train(app, projects) -> list[Path]:
+        runs = []
+        with TestClient(app) as client:
+            for project in projects:
+                assert client.post("/label-studio/train", json={"project": project}).json()["training"] is True
+                status = wait_for_training(client, timeout_s=60)
+                assert status["status"] == "done", status
+                runs.append(Path(status["output_dir"]))
+        return runs
+
+    [served_by_b] = train(apps["b"], [9])
+    runs_of_a = train(apps["a"], [1, 2, 3])
+    assert apps["b"].state.label_studio.model_dir == served_by_b / "final"
+    assert (served_by_b / "final" / "config.json").is_file() and (served_by_b / "export.json").is_file()
+    assert [run.exists() for run in runs_of_a] == [False, True, True]
+
+
+def test_a_prune_never_removes_a_run_another_server_of_the_same_model_folder_serves(tagger, random_model,
+                                                                                    retraining_env, monkeypatch):
+    """Two servers (not two workers of one) of the same model folder share a runs folder: the run one serves is held
+    (runs/RUN/.served.lock, a shared flock) and the other's prune leaves it; once no server serves it, it goes."""
+    from ner.serving import retrain
+
+    monkeypatch.delenv("NER_SERVE_SESSION")
+    apps = [worker_app(tagger, random_model, []) for _ in range(2)]
+    for app in apps:
+        app.state.label_studio.retrainer.train = fake_ner_train(random_model)
+        app.state.label_studio.load_tagger = lambda model_dir: tagger
+
+    def train(client, project) -> Path:
+        assert client.post("/label-studio/train", json={"project": project}).json()["training"] is True
+        status = wait_for_training(client, timeout_s=60)
+        assert status["status"] == "done", status
+        return Path(status["output_dir"])
+
+    with TestClient(apps[1]) as other:
+        served_by_other = train(other, 9)
+        with TestClient(apps[0]) as client:
+            runs = [train(client, project) for project in (1, 2, 3)]
+        assert apps[1].state.label_studio.model_dir == served_by_other / "final"
+        assert (served_by_other / "final" / "config.json").is_file()
+        assert [run.exists() for run in runs] == [False, True, True]
+    apps[1].state.label_studio.retrainer.served_run.release()  # that server serves it no more
+    apps[0].state.label_studio.retrainer.prune()
+    assert not served_by_other.exists() and not (served_by_other / retrain.SERVED_LOCK).exists()

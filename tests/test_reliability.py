@@ -294,7 +294,8 @@ def a_previous_run(out: Path) -> None:
 def overwrite_on_two_ranks(out: Path, monkeypatch, slow_rank_1: bool = True) -> tuple[TwoRanks, list[object]]:
     """claim_output_dir(--overwrite-output-dir) on two ranks. `slow_rank_1`: if rank 1 inspects the old run at all,
     it does so only after rank 0 has removed some of it (an order a slow rank can meet)."""
-    ranks, real_inspect, real_rmtree = TwoRanks(), output_dir_module.not_written_by_a_run, shutil.rmtree
+    ranks, real_inspect = TwoRanks(), output_dir_module.not_written_by_a_run
+    real_remove = output_dir_module.remove_recorded
 
     def inspect(*args, **kwargs):
         ranks.inspected_by.append(RANK.index)
@@ -303,12 +304,13 @@ def overwrite_on_two_ranks(out: Path, monkeypatch, slow_rank_1: bool = True) -> 
             assert not slow_rank_1 or ranks.removed.wait(timeout=60)
         return real_inspect(*args, **kwargs)
 
-    def rmtree(path, *args, **kwargs):
-        real_rmtree(path, *args, **kwargs)
+    def remove(*args, **kwargs):
+        left = real_remove(*args, **kwargs)
         ranks.removed.set()
+        return left
 
     monkeypatch.setattr(output_dir_module, "not_written_by_a_run", inspect)
-    monkeypatch.setattr(output_dir_module.shutil, "rmtree", rmtree)
+    monkeypatch.setattr(output_dir_module, "remove_recorded", remove)
     cfg = SimpleNamespace(output_path=out, resume=None, overwrite_output_dir=True)
     return ranks, ranks.run(lambda backend: output_dir_module.claim_output_dir(cfg, backend, TrackerClaim()))
 

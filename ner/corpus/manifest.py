@@ -14,7 +14,7 @@ from ner.corpus.inputs import Source, count_texts
 from ner.corpus.plan import MERGED, Plan, chunk_texts_for, finished_chunks, part_name
 from ner.data.examples import Example
 from ner.errors import UserError
-from ner.files import read_whole_record, sha256_file, temporary_of, write_record
+from ner.files import read_whole_record, remove_recorded, sha256_file, temporary_of, write_record
 from ner.inference.options import RUNTIME_FILES
 
 log = logging.getLogger("ner")
@@ -167,10 +167,9 @@ def remove_ours(out_dir: Path, saved: dict, temporaries_only: bool = False) -> N
     """Delete what the run of manifest `saved` wrote in OUT (the files it records, the manifest, and temporary
     files ner/files.py made for them: a killed writer's leftovers, ours beyond doubt); nothing else."""
     written = {*saved["files"], MANIFEST}
-    for path in out_dir.iterdir():
-        temporary_of_ours = temporary_of(path.name, roles=("tmp",)) in written
-        if path.is_file() and (temporary_of_ours or path.name in written and not temporaries_only):
-            path.unlink()
+    ours = [path.name for path in out_dir.iterdir() if path.is_file() and (
+        temporary_of(path.name, roles=("tmp",)) in written or path.name in written and not temporaries_only)]
+    remove_recorded(out_dir, {name: {} for name in ours})  # the rest of OUT is the user's: it stays
 
 
 def check_folder_is_ours(out_dir: Path) -> dict | None:

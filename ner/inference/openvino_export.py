@@ -22,6 +22,7 @@ from ner.data.encode import collate, model_inputs
 from ner.data.examples import Example
 from ner.errors import UserError
 from ner.extras import install_hint, require
+from ner.files import remove_recorded
 from ner.inference.options import ONNX, OPENVINO_INT8, PAD_TO_MULTIPLE_OF, RUNTIME_FILES
 
 log = logging.getLogger("ner")
@@ -73,5 +74,5 @@ def quantize_static(model_dir: Path, examples: list[Example]) -> Path:
 
 
 def remove_static(model_dir: Path) -> None:
-    for name in RUNTIME_FILES[OPENVINO_INT8]:
-        (model_dir / name).unlink(missing_ok=True)
+    """The static int8 files quantize_static wrote a moment ago into the staged export, refused by their gate."""
+    remove_recorded(model_dir, {name: {} for name in RUNTIME_FILES[OPENVINO_INT8]})

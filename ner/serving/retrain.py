@@ -5,6 +5,7 @@ its own, and the new export is swapped in, in every worker. RetrainOptions and R
 Starts ner.train as a process: serving never imports training."""
 
 import asyncio
+import hashlib
 import json
 import logging
 import os
@@ -12,11 +13,21 @@ import shlex
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from ner.errors import UserError
-from ner.files import RECORD, atomic_write_text, file_entry, read_record, tree_paths, unrecorded, write_record
+from ner.files import (
+    RECORD,
+    atomic_write_text,
+    file_entry,
+    read_record,
+    read_whole_record,
+    remove_recorded,
+    write_record,
+)
 from ner.inference.model_folder import model_version
 from ner.inference.options import RUNTIME_TRAIN_FLAGS
 
@@ -63,8 +74,11 @@ def _env_number(name: str, default, kind, minimum):
     return value
 
 
-# The tool of the record (ner/files.py) in each run folder the retrainer makes, whole: the only folders it removes.
+# The record (ner/files.py) in each run folder the retrainer makes, whole: the only folders it removes. Its own name:
+# the folder's .ner-record.json is the record ner.train keeps of what it wrote there (training/output_dir.py).
 RETRAIN_TOOL = "ner.serve"
+RETRAIN_RECORD = ".ner-retrain.json"
+TRAIN_TOOL = "ner.train"  # the command the retrainer starts, and the tool of its run record
 
 
 SERVING_FILE = "serving.json"  # the model the server's workers serve: {"session", "model_dir", "model_version"}
@@ -111,11 +125,60 @@ class TrainingLock:
             self.handle = None
 
 
+SERVED_LOCK = ".served.lock"  # in a run folder: held (shared) by every process that serves the run's model
+
+
+class ServedRun:
+    """A shared flock on SERVED_LOCK in the run folder of the model this process serves, while it serves it. A prune,
+    of any server and any model folder, removes a run only while it holds that lock exclusively (exclusive_run), which
+    it cannot while some process serves the run; the kernel drops the lock of a server that died, so no stale marker
+    keeps a run forever. A model folder outside a retrainer's run folder takes none."""
+
+    def __init__(self) -> None:
+        self.handle = None
+
+    def hold(self, model_dir: Path) -> None:
+        """Serve `model_dir` from now on (before loading it: a run being removed is refused, not half loaded)."""
+        import fcntl
+
+        run_dir = Path(model_dir).resolve().parent
+        handle = None
+        if read_record(run_dir, RETRAIN_TOOL, RETRAIN_RECORD) is not None:
+            handle = open(run_dir / SERVED_LOCK, "a+", encoding="utf-8")
+            try:
+                fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                handle.close()
+                raise RuntimeError(f"{run_dir}: being removed by a prune; not served") from None
+        self.release()
+        self.handle = handle
+
+    def release(self) -> None:
+        if self.handle is not None:
+            self.handle.close()  # closing drops the flock
+            self.handle = None
+
+
+@contextmanager
+def exclusive_run(run_dir: Path) -> Iterator[bool]:
+    """Whether no process serves the run (ServedRun), holding that true until the block ends."""
+    import fcntl
+
+    with open(run_dir / SERVED_LOCK, "a+", encoding="utf-8") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+
+
 class Retrainer:
     """Fetch a project's export, fine-tune the served model on it in another process, swap the result in.
 
     Bounded: one training at a time across workers (TrainingLock), a minimum interval between starts, a
-    timeout, the child killed when the server stops, the last NER_RETRAIN_KEEP run folders kept. The new model
+    timeout, the child killed when the server stops, the last NER_RETRAIN_KEEP run folders of its model folder kept
+    (prune: never another model folder's, nor one any server serves: ServedRun). The new model
     reaches every worker: the one that trained writes runs/serving.json, and each worker watches it (watch)."""
 
     def __init__(self, served, options: RetrainOptions, session: str) -> None:  # label_studio.LabelStudioModel
@@ -129,6 +192,12 @@ class Retrainer:
         self.last: dict = {"status": "idle"}
         self.transport = None  # an httpx transport, for tests
         self.seen_serving: float | None = None  # mtime of serving.json when last read
+        # The model folder the server started with, which every run it makes records: the runs folder may be shared
+        # (by default MODEL_DIR/../label-studio-runs: every sibling model folder's server uses it), and a prune
+        # touches the runs of its own model folder only, never one another server serves or trained from.
+        self.origin = str(Path(served.model_dir).resolve())
+        self.served_run = ServedRun()  # and whatever server serves a run, its prune never removes it
+        self.served_run.hold(served.model_dir)
 
     def confirm(self, payload: dict) -> None:
         """/setup names Label Studio's address: it is never taken (a request must not choose where the server's
@@ -169,7 +238,7 @@ class Retrainer:
         try:
             run_dir = self.new_run_dir(project)
             self.last["output_dir"] = str(run_dir)
-            write_record(run_dir, RETRAIN_TOOL, {})
+            write_retrain_record(run_dir, {}, self.origin)
             export = await self.fetch_export(project, run_dir / "export.json")
             returncode = await self.train(export, run_dir)
             if returncode != 0:
@@ -181,8 +250,11 @@ class Retrainer:
             log.exception("training for project %s failed", project)
             outcome = {"status": "failed", "error": str(exc)}
         finally:
-            try:  # in a thread: hashing and removing runs takes a while; under the lock: one prune at a time
+            try:  # in a thread: removing runs takes a while; under the lock: one prune at a time
                 await asyncio.to_thread(self.record_and_prune, run_dir)
+            except Exception as exc:  # the status must end: a training that stays "training" blocks nothing but lies
+                log.exception("recording or pruning the runs of project %s failed", project)
+                outcome = {"status": "failed", "error": str(exc)}
             finally:
                 self.lock.release()
         self.last = {**self.last, **outcome}
@@ -216,6 +288,8 @@ class Retrainer:
             response = await client.get(f"/api/projects/{project}/export", params={"exportType": "JSON"})
             response.raise_for_status()
         path.write_bytes(response.content)
+        pinned = {"size": len(response.content), "sha256": hashlib.sha256(response.content).hexdigest()}
+        write_retrain_record(path.parent, {path.name: pinned}, self.origin)  # from the bytes it wrote
         log.info("project %s: %d tasks exported to %s", project, len(response.json()), path)
         return path
 
@@ -261,13 +335,23 @@ class Retrainer:
             await asyncio.gather(self.task, return_exceptions=True)
         await self.kill_training()
         self.lock.release()
+        self.served_run.release()
 
     async def load_and_swap(self, model_dir: Path) -> None:
         def load():  # in a thread: the served model keeps answering while the new one loads
             return self.served.load_tagger(model_dir), model_version(model_dir)
 
-        tagger, version = await asyncio.to_thread(load)
+        previous, self.served_run.handle = self.served_run.handle, None  # the old run's, until the new one is served
+        try:
+            self.served_run.hold(model_dir)
+            tagger, version = await asyncio.to_thread(load)
+        except BaseException:
+            self.served_run.release()
+            self.served_run.handle = previous
+            raise
         self.served.swap(tagger, model_dir, version)
+        if previous is not None:
+            previous.close()
 
     def publish(self, model_dir: Path) -> None:
         """Tell the other workers (watch) which model this server serves now."""
@@ -299,47 +383,57 @@ class Retrainer:
         self.prune()
 
     def prune(self) -> None:
-        """Keep the newest NER_RETRAIN_KEEP run folders this retrainer made (by when their record was written: when
-        their training ended), and the served one."""
-        runs = sorted((p for p in self.options.runs_dir.glob("project*-*") if read_record(p, RETRAIN_TOOL) is not None),
-                      key=lambda p: (p / RECORD).stat().st_mtime, reverse=True)
+        """Keep the newest NER_RETRAIN_KEEP run folders made for this server's model folder (by when their record was
+        written: when their training ended), and the served one. Another model folder's runs are not counted nor
+        touched: they are another server's, which may serve one of them."""
+        runs = sorted((p for p in self.options.runs_dir.glob("project*-*") if self.is_own_run(p)),
+                      key=lambda p: (p / RETRAIN_RECORD).stat().st_mtime, reverse=True)
         served = self.served.model_dir.resolve()
         for old in runs[self.options.keep_runs:]:
-            if old.resolve() not in (served, served.parent):
-                remove_run(old)
+            if old.resolve() in (served, served.parent):
+                continue
+            with exclusive_run(old) as free:
+                if not free:
+                    log.info("kept the old training run %s: another server serves it", old)
+                    continue
+                remove_run(old, also={SERVED_LOCK: {}})  # the lock file, made by a server; held here meanwhile
                 log.info("removed the old training run %s (NER_RETRAIN_KEEP=%d)", old, self.options.keep_runs)
+
+    def is_own_run(self, run_dir: Path) -> bool:
+        """A run folder a retrainer made for this server's model folder (its record says which)."""
+        record = read_whole_record(run_dir, RETRAIN_TOOL, RETRAIN_RECORD)
+        return record is not None and record.get("model_dir") == self.origin
+
+
+def write_retrain_record(run_dir: Path, entries: dict[str, dict], model_dir: str) -> None:
+    """The retrainer's record of a run folder: what it holds of the retraining's, and the model folder it was made for
+    (the server's at its start: Retrainer.origin)."""
+    write_record(run_dir, RETRAIN_TOOL, entries, RETRAIN_RECORD, model_dir=model_dir)
 
 
 def record_run(run_dir: Path) -> None:
-    """List in the run folder's record everything it holds once its training has ended: the retrainer made the
-    folder, empty, and wrote there (export.json, train.log) or had ner.train write there; files pinned by their
-    bytes, so one edited since is no longer the retrainer's to remove."""
-    entries = {}
-    for name in sorted(tree_paths(run_dir) - {RECORD}):
-        path = run_dir / name
-        entries[name] = file_entry(path) if path.is_file() and not path.is_symlink() else {}
-    write_record(run_dir, RETRAIN_TOOL, entries)
+    """Bring the run folder's record up to date once its training has ended: what the retrainer wrote itself
+    (export.json, pinned as it was fetched; train.log, pinned now) and what ner.train's own record lists (pinned by the
+    checkpoint manifests and the export's record: nothing hashed again here, on the serving host). A file of yours
+    dropped in the folder meanwhile is in neither, so a prune leaves it."""
+    record = read_whole_record(run_dir, RETRAIN_TOOL, RETRAIN_RECORD) or {"files": {}}
+    entries = {path: entry for path, entry in record["files"].items() if isinstance(entry, dict)}
+    log_file = run_dir / "train.log"
+    if log_file.is_file() and not log_file.is_symlink():
+        entries[log_file.name] = file_entry(log_file)
+    trained = read_record(run_dir, TRAIN_TOOL)
+    if trained is not None:
+        entries |= {**trained, RECORD: {}}
+    write_retrain_record(run_dir, entries, record.get("model_dir"))
 
 
-def remove_run(run_dir: Path) -> None:
+def remove_run(run_dir: Path, also: dict[str, dict] | None = None) -> None:
     """Remove what the run folder's record lists, as it was recorded; anything else there (a file of yours, one you
     edited) stays, with the folders that hold it, and the folder is no longer counted as a run."""
-    import shutil
-
-    entries = read_record(run_dir, RETRAIN_TOOL) or {}
-    kept = [path for path, _ in unrecorded(run_dir, entries)]
-    if not kept:
-        shutil.rmtree(run_dir, ignore_errors=True)
-        return
-    holding = {parent for path in kept for parent in path.parents}
-    for name in sorted(entries, key=lambda name: name.count("/"), reverse=True):  # a folder after what it holds
-        path = run_dir / name
-        if path in holding or path in kept:
-            continue
-        try:
-            path.rmdir() if path.is_dir() and not path.is_symlink() else path.unlink(missing_ok=True)
-        except OSError:  # a folder that something unlisted entered meanwhile: it stays
-            continue
-    (run_dir / RECORD).unlink(missing_ok=True)
-    log.warning("%s: kept %s (not the retraining's, or changed since); removed the rest of the run", run_dir,
-                ", ".join(str(path.relative_to(run_dir)) for path in kept[:3]) + (" ..." if len(kept) > 3 else ""))
+    entries = {**(read_record(run_dir, RETRAIN_TOOL, RETRAIN_RECORD) or {}), **(also or {})}
+    kept = [path for path in remove_recorded(run_dir, entries) if path != run_dir / RETRAIN_RECORD]
+    # last: what is left is no run of the retrainer's any more
+    remove_recorded(run_dir, {RETRAIN_RECORD: {}}, whole=not kept)
+    if kept:
+            log.warning("%s: kept %s (not the retraining's, or changed since); removed the rest of the run", run_dir,
+                    ", ".join(str(path.relative_to(run_dir)) for path in kept[:3]) + (" ..." if len(kept) > 3 else ""))

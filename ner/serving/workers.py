@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ner.errors import UserError
+from ner.files import made_here, remove_recorded
 from ner.serving.lifecycle import ServeOptions
 
 log = logging.getLogger("ner.serve")
@@ -46,7 +47,6 @@ def workers_environment(workers: int, argv: list[str]) -> Iterator[Path]:
     ner/inference/cpu_threads.py): N processes each taking every core would fight over them. The workers' metrics
     meet in a PROMETHEUS_MULTIPROC_DIR made here (one given is kept); the folders made here are removed."""
     import json
-    import shutil
     import tempfile
     import uuid
 
@@ -71,8 +71,8 @@ def workers_environment(workers: int, argv: list[str]) -> Iterator[Path]:
             else:
                 os.environ[name] = value
         for folder in (marks_dir, metrics_dir):
-            if folder is not None:
-                shutil.rmtree(folder, ignore_errors=True)
+            if folder is not None:  # made here by mkdtemp, written by this server alone: removed whole
+                remove_recorded(Path(folder), made_here(Path(folder)), whole=True)
 
 
 def mark_worker() -> Callable[[], None]:
@@ -80,4 +80,8 @@ def mark_worker() -> Callable[[], None]:
     user error at start, a dead batcher's exit 1, a kill); returns what removes it at a clean end."""
     mark = Path(os.environ[MARKS_ENV]) / str(os.getpid())
     mark.write_text("running\n", encoding="utf-8")
-    return lambda: mark.unlink(missing_ok=True)
+
+    def ended_cleanly() -> None:
+        remove_recorded(mark.parent, {mark.name: {}})
+
+    return ended_cleanly

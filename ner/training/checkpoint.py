@@ -23,7 +23,6 @@ import json
 import logging
 import random
 import re
-import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -37,8 +36,10 @@ from ner.errors import UserError
 from ner.files import (
     file_entry,
     fsync_path,
+    made_here,
     new_folder_beside,
     read_record,
+    remove_recorded,
     replace_folder,
     sha256_file,
     temporary_of,
@@ -102,8 +103,8 @@ def save_checkpoint(backend: Backend, output_dir: Path, step: int, model, tokeni
     final, tmp = root / f"step_{step}", None
     if backend.is_main_process:
         root.mkdir(parents=True, exist_ok=True)
-        for stale in stale_folders(root):
-            shutil.rmtree(stale, ignore_errors=True)
+        for stale in stale_folders(root):  # staging names ner/files.py gave: made here, whole
+            remove_recorded(root, made_here(root, stale.name))
         tmp = new_folder_beside(final, "new")
     tmp = backend.gather_object(tmp)[0]  # a random name: every rank learns it from rank 0 (and waits for it)
     save_state(rng_state(), tmp / f"rng_rank{backend.process_index}.pt")
@@ -283,8 +284,13 @@ def rotate(output_dir: Path, keep_newest: int, best_step: int | None) -> None:
         foreign = not_in_manifest(folder)
         if foreign:
             log.warning("%s: not rotated: it holds %s, which the checkpoint does not", folder, foreign[0])
-        else:
-            shutil.rmtree(folder, ignore_errors=True)
+            continue
+        # Sizes, not hashes: the manifest pins gigabytes of optimizer state, and rehashing an old checkpoint at every
+        # save would cost as much as sealing it; a file of yours or one changed in size is still left (and named).
+        entries = {**(read_record(folder, CHECKPOINT_TOOL, MANIFEST) or {}), MANIFEST: {}}
+        left = remove_recorded(folder, entries, contents=False, whole=True)
+        if left:
+            log.warning("%s: rotated but for %s, which changed since the checkpoint was saved", folder, left[0])
 
 
 def not_in_manifest(folder: Path) -> list[Path]:

@@ -1,43 +1,52 @@
 """Who owns a run's --output-dir: one run a folder, and nothing removed or replaced that a run did not write.
 
     claim_output_dir(cfg, backend, trackers, resume_from)   # before a run writes there, on every rank
+    write_run_record(out)                                    # at the run's end: OUTPUT_DIR/.ner-record.json
 
 A folder that holds a run (RUN_MARKERS) is refused unless told: --overwrite-output-dir removes the run's own entries
 and nothing else, and only once no record shows a file of yours among them (the checkpoints' manifests, the export's
 and the trackers' records, ner/files.py); --resume continues the run, if its export in final/ is the export's own.
-What a run writes is named in training/run_files.py.
+What a run writes is named in training/run_files.py. At its end a run records what it wrote (write_run_record), from
+its own records where it keeps them, so that a retraining's prune (serving/retrain.py) removes exactly that.
 """
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 from ner.backends import Backend
-from ner.backends.trackers import TRACKERS_DIR, TrackerClaim, unrecorded_tracker_files
+from ner.backends.trackers import TRACKERS_DIR, TRACKERS_TOOL, TrackerClaim, unrecorded_tracker_files
 from ner.errors import UserError
-from ner.files import temporary_of
+from ner.files import RECORD, read_record, remove_recorded, temporary_of, tree_paths, write_record
 from ner.training import checkpoint as ckpt
 from ner.training.config import TrainConfig
-from ner.training.export import checkpoint_export_names, export_unrecorded, is_export, not_the_exports
+from ner.training.export import EXPORT_TOOL, checkpoint_export_names, export_unrecorded, is_export, not_the_exports
 from ner.training.run_files import FINAL_DIR, METRICS_FILE, PLOTS, PREDICTIONS_DIR, VALIDATION_PREDICTIONS
 
 # What a finished or running job leaves; --overwrite-output-dir removes these and nothing else.
 RUN_MARKERS = (ckpt.CHECKPOINTS, FINAL_DIR, METRICS_FILE, PREDICTIONS_DIR, *PLOTS, TRACKERS_DIR)
 RUN_FILES = {METRICS_FILE, *PLOTS}  # the markers that are files; the others are folders
+RUN_TOOL = "ner.train"  # the tool of OUTPUT_DIR/.ner-record.json (ner/files.py), the run's record of what it wrote
 
 
 def claim_output_dir(cfg: TrainConfig, backend: Backend, trackers: TrackerClaim,
                      resume_from: Path | None = None) -> None:
     """Refuse to mix two runs in one folder unless told to overwrite or resume (a run starts afresh, `--resume auto`
     that found no complete checkpoint included, only where no run wrote); refuse, before anything is removed, to
-    remove or replace anything no record shows a run wrote. Claimed, the main process takes the run's `trackers`."""
+    remove or replace anything no record shows a run wrote. A resume continues only the run of its checkpoint: a
+    checkpoint of another folder is resumed only into a folder that holds no run (or, told to, replaces it).
+    Claimed, the main process takes the run's `trackers`."""
     out = cfg.output_path
     if out.exists() and not out.is_dir():
         raise UserError(f"{out}: --output-dir exists and is not a folder")
     taken = run_markers(out)
-    if resume_from is None and cfg.overwrite_output_dir:
+    # --resume auto finds its checkpoint in `out` only; a PATH may name another folder's
+    own = resume_from is not None and (cfg.resume == "auto" or is_own_checkpoint(out, resume_from))
+    if not own and cfg.overwrite_output_dir:
         replace_previous_run(out, backend)
+    elif taken and resume_from is not None and not own:
+        raise UserError(f"{out}: holds another run ({', '.join(taken)}), not the run of --resume {resume_from}; "
+                        "pass --overwrite-output-dir to replace it, or choose another --output-dir")
     elif taken and cfg.resume is None:
         raise UserError(f"{out}: holds another run ({', '.join(taken)}); pass --resume auto to continue it, "
                         "--overwrite-output-dir to replace it, or choose another --output-dir")
@@ -51,6 +60,18 @@ def claim_output_dir(cfg: TrainConfig, backend: Backend, trackers: TrackerClaim,
     if backend.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
         trackers.take(out)
+
+
+def is_own_checkpoint(out: Path, checkpoint: Path) -> bool:
+    """`checkpoint` is one of `out`'s own (OUTPUT_DIR/checkpoints/step_N): resuming it continues the run there. Any
+    other (--resume PATH of another folder) would let rotation, the export and metrics.jsonl take over a run there."""
+    return Path(checkpoint).resolve().parent == ckpt.checkpoint_root(out).resolve()
+
+
+def marker_paths(out: Path, marker: str) -> list[str]:
+    """Every path under run marker `marker` of `out`, relative to `out`."""
+    path = out / marker
+    return [f"{marker}/{name}" for name in tree_paths(path)] if path.is_dir() and not path.is_symlink() else []
 
 
 def run_markers(out: Path) -> list[str]:
@@ -68,10 +89,10 @@ def replace_previous_run(out: Path, backend: Backend) -> None:
             refuse_foreign(out, not_written_by_a_run(out, taken))
         except UserError as exc:
             refusal = exc
-        else:
-            for marker in taken:
-                path = out / marker
-                shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+        else:  # every path under the markers was just found to be the run's, by the run's records
+            run_record = {RECORD: {}} if read_record(out, RUN_TOOL) is not None else {}
+            remove_recorded(out, {**run_record, **{path: {} for marker in taken
+                                                   for path in [marker, *marker_paths(out, marker)]}}, contents=False)
     backend.wait_for_everyone()
     if refusal is not None:
         raise refusal
@@ -79,6 +100,38 @@ def replace_previous_run(out: Path, backend: Backend) -> None:
     if left:
         raise UserError(f"{out}: process 0 did not replace the run there ({', '.join(left)} left; its error says "
                         "why)")
+
+
+def write_run_record(out: Path) -> None:
+    """OUTPUT_DIR/.ner-record.json: every path the run wrote there, at its end. Read from the run's own records where it
+    keeps them (each checkpoint's manifest, final/'s export record, trackers/'s record: their pins carried over, nothing
+    hashed again: gigabytes of optimizer state) and by name for the files it keeps none for (metrics.jsonl, the
+    validation predictions, the plots: unpinned). A file of yours in the folder is in none of them."""
+    entries: dict[str, dict] = {}
+    for marker in run_markers(out):
+        path = out / marker
+        if path.is_symlink():
+            continue
+        if marker in RUN_FILES and path.is_file():
+            entries[marker] = {}
+        elif marker == PREDICTIONS_DIR and (path / VALIDATION_PREDICTIONS).is_file():
+            entries[f"{marker}/{VALIDATION_PREDICTIONS}"] = {}
+        elif marker == ckpt.CHECKPOINTS:
+            for step in ckpt.list_checkpoints(out):
+                entries |= recorded_in(out, step, read_record(step, ckpt.CHECKPOINT_TOOL, ckpt.MANIFEST), ckpt.MANIFEST)
+        elif marker == FINAL_DIR:
+            entries |= recorded_in(out, path, read_record(path, EXPORT_TOOL))
+        elif marker == TRACKERS_DIR:
+            entries |= recorded_in(out, path, read_record(path, TRACKERS_TOOL))
+    write_record(out, RUN_TOOL, entries)
+
+
+def recorded_in(out: Path, folder: Path, entries: dict[str, dict] | None, name: str = RECORD) -> dict[str, dict]:
+    """A sub-folder's record as entries of `out`'s (the record file included); none without one."""
+    if entries is None:
+        return {}
+    prefix = folder.relative_to(out).as_posix()
+    return {f"{prefix}/{path}": entry for path, entry in {**entries, name: {}}.items()}
 
 
 def check_final_for_resume(final: Path, resume_from: Path | None) -> None:

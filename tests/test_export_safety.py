@@ -628,3 +628,51 @@ def test_the_command_refuses_to_resume_another_folders_checkpoint_over_a_finishe
     assert err.strip().splitlines()[-1].startswith(f"error: {runs['b']}: holds another run (checkpoints, final, ")
     assert "Traceback" not in err
     assert snapshot(runs["b"]) == before
+
+
+# ----------------------------------------------------------------------------- a checkpoint saved again
+
+def test_resume_refuses_at_start_when_it_may_save_again_a_checkpoint_that_holds_a_file_of_yours(checkpoint, tmp_path):
+    """A resume from step N saves step N (or a later one it finds) again, which replaces that folder whole: a file of
+    yours there was removed with it. Refused at start, naming it; checkpoints before step N are left to rotation."""
+    out = checkpoint.parent.parent
+    shutil.copytree(checkpoint, out / "checkpoints" / "step_2")
+    (out / "checkpoints" / "step_2" / "notes.txt").write_text("mine, in a checkpoint the resume never saves again")
+    claim(out, overwrite=False, resume="auto", resume_from=checkpoint)
+    (checkpoint / "step_99").mkdir()
+    (checkpoint / "step_99" / "notes.txt").write_text("mine")
+    before = snapshot(out)
+    with pytest.raises(UserError, match=f"^{re.escape(str(checkpoint / 'step_99'))}: .*the resumed run may save step "
+                                        f"4 again.*move it away"):
+        claim(out, overwrite=False, resume="auto", resume_from=checkpoint)
+    assert snapshot(out) == before
+
+
+def test_a_save_refuses_to_replace_a_checkpoint_that_holds_a_file_of_yours(tiny_bert, tiny_data, tmp_path, capsys):
+    """The command (red before: exit 0, notes.txt gone): a resume that saves step 3 again over step_3/notes.txt."""
+    out = tmp_path / "run"
+    assert train_cli.main(tiny_args(tiny_bert, tiny_data, out, "--max-steps", "3", "--save-steps", "1")) == 0
+    (out / "checkpoints" / "step_3" / "notes.txt").write_text("mine")
+    before = snapshot(out)
+    capsys.readouterr()
+    assert train_cli.main(tiny_args(tiny_bert, tiny_data, out, "--max-steps", "3", "--save-steps", "1",
+                                    "--resume", "auto")) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(f"error: {out / 'checkpoints' / 'step_3'}")
+    assert snapshot(out) == before
+
+
+def test_a_save_that_meets_a_file_of_yours_in_its_step_folder_keeps_it_and_refuses(checkpoint, tmp_path):
+    """Dropped in while the run trains (the start could not see it): the save refuses, on every rank, and removes
+    only its own staged copy; the old checkpoint and your file stay."""
+    out = checkpoint.parent.parent
+    (checkpoint / "notes.txt").write_text("mine")
+    backend = SimpleNamespace(is_main_process=True, process_index=0, grad_scaler=None,
+                              wait_for_everyone=lambda: None, gather_object=lambda value: [value],
+                              unwrap_model=lambda model: model)
+    model = SimpleNamespace(save_pretrained=lambda path, **kwargs: path.mkdir())
+    tokenizer = SimpleNamespace(save_pretrained=lambda path: None)
+    state = SimpleNamespace(state_dict=lambda: {})
+    before = snapshot(out)
+    with pytest.raises(UserError, match=f"^{re.escape(str(checkpoint))}: holds notes.txt"):
+        ckpt.save_checkpoint(backend, out, 4, model, tokenizer, state, state, {}, trackers.TrackerClaim())
+    assert snapshot(out) == before

@@ -121,11 +121,41 @@ def save_checkpoint(backend: Backend, output_dir: Path, step: int, model, tokeni
             save_state(backend.grad_scaler.state_dict(), tmp / SCALER)
         (tmp / STATE).write_text(json.dumps(trainer_state, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     backend.wait_for_everyone()
+    refusal = None
     if backend.is_main_process:
-        _seal(tmp, final, step)
-        trackers.record()
-    backend.wait_for_everyone()
+        refusal = refuse_to_replace(final, step)
+        if refusal is None:
+            _seal(tmp, final, step)
+            trackers.record()
+        else:  # the old step_<N> stays as it is, the file of yours in it too; only the staged copy goes
+            remove_recorded(tmp.parent, made_here(tmp.parent, tmp.name))
+    refusal = backend.gather_object(refusal)[0]  # every rank stops, none waits at the next collective
+    if refusal is not None:
+        raise UserError(refusal)
     return final
+
+
+def refuse_to_replace(final: Path, step: int) -> str | None:
+    """Why a save must not replace the folder `final` of step `step` (a file of yours in it, which the folder's
+    replacement would remove: names only, as rotation checks), else None."""
+    foreign = not_in_manifest(final) if final.is_dir() and not final.is_symlink() else []
+    if not foreign:
+        return None
+    return (f"{final}: holds {foreign[0].relative_to(final).as_posix()}, which the checkpoint does not, and the run "
+            f"would save step {step} again there (replacing the folder): move it away and resume (nothing of yours "
+            "was changed)")
+
+
+def resaves_refused(output_dir: Path, resume_from: Path) -> None:
+    """Before a resume of `output_dir`'s own run from `resume_from`: it may save its step, or any later one, again,
+    replacing that checkpoint folder whole; refuse where such a folder holds a file of yours (names only, as rotation
+    checks), before anything is written."""
+    for folder in list_checkpoints(output_dir):
+        foreign = not_in_manifest(folder) if step_of(folder) >= step_of(resume_from) else []
+        if foreign:
+            raise UserError(f"{foreign[0]}: not the checkpoint's (its manifest does not list it), and the resumed run "
+                            f"may save step {step_of(folder)} again, which replaces {folder} whole: move it away "
+                            "(nothing was changed)")
 
 
 def save_state(state: dict, path: Path) -> None:

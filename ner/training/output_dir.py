@@ -56,6 +56,8 @@ def claim_output_dir(cfg: TrainConfig, backend: Backend, trackers: TrackerClaim,
                         "--output-dir")
     elif FINAL_DIR in taken:
         check_final_for_resume(out / FINAL_DIR, resume_from)  # on every rank: a resume removes nothing
+    if own:  # on every rank too: a save of a step found here again replaces its folder whole
+        ckpt.resaves_refused(out, resume_from)
     backend.wait_for_everyone()  # no rank looks at the folder any more when rank 0 starts writing there
     if backend.is_main_process:
         out.mkdir(parents=True, exist_ok=True)

@@ -315,7 +315,7 @@ class TwoRanks:
 def a_previous_run(out: Path) -> None:
     (out / "predictions").mkdir(parents=True)
     (out / "predictions" / "validation.conll").write_text("Ada\tB-PER\tB-PER\n")
-    (out / "metrics.jsonl").write_text("{}\n")
+    output_dir_module.MetricsLog(out).append("{}\n")  # as a run writes it: pinned in the run's record
 
 
 def overwrite_on_two_ranks(out: Path, monkeypatch, slow_rank_1: bool = True) -> tuple[TwoRanks, list[object]]:
@@ -360,7 +360,8 @@ def test_overwrite_output_dir_refused_on_rank_0_stops_every_rank(tmp_path, monke
     ranks, outcomes = overwrite_on_two_ranks(out, monkeypatch, slow_rank_1=False)
     assert all(isinstance(outcome, UserError) for outcome in outcomes), outcomes
     assert f"({out / 'predictions' / 'mine.txt'}); nothing was removed" in str(outcomes[0])
-    assert sorted(p.name for p in out.rglob("*")) == ["metrics.jsonl", "mine.txt", "predictions", "validation.conll"]
+    assert sorted(p.name for p in out.rglob("*")) == [".ner-record.json", "metrics.jsonl", "mine.txt", "predictions",
+                                                      "validation.conll"]
 
 
 def test_no_rank_waits_through_the_end_of_runs_export_of_every_runtimes_files(tmp_path, monkeypatch):

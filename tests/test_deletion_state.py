@@ -19,7 +19,6 @@ model card, a metrics file, a corpus part, a retraining's log), which is theirs 
 What must hold is checked, never which of several right answers a command gives (refusing or working). Deterministic:
 derandomized, no example database, fixed seeds; nothing timed.
     NER_STATEFUL_EXAMPLES=300 pytest tests/test_deletion_state.py   # a longer search (default: the CI size, 15)
-    NER_STATEFUL_DEFECTS=1 pytest tests/test_deletion_state.py      # with the steps of the known defects (DEFECTS)
     NER_STATEFUL_SHRINK=0 ...                                        # the first failing sequence, unshrunk (faster)
 """
 
@@ -69,14 +68,8 @@ LS_RUNS = "L"  # the retrainer's runs folder (NER_RETRAIN_DIR)
 # What a training run leaves in its folder, named here (not imported): the test's own view of "holds a run".
 RUN_ENTRIES = ("checkpoints", "final", "metrics.jsonl", "predictions", "trackers")
 USER_NAMES = ("notes.txt", "README.md", ".git/HEAD", "data/keep.bin", "step_99/notes.txt")
-EDITABLE = ("final/README.md", "final/metrics.json", "README.md", "metrics.json", "train.log")
-# Defects this test found that are not fixed yet: their steps are left out unless NER_STATEFUL_DEFECTS=1, which puts
-# them back (and the test fails on them). Each: what the user does, and what the tool then loses.
-DEFECTS = os.environ.get("NER_STATEFUL_DEFECTS", "0") == "1"
-# edited, then removed by --overwrite-output-dir (metrics.jsonl: the run records it by name, unpinned), or by corpus
-# tagging's --overwrite, or replaced by its --merge (the parts and predictions.jsonl: the manifest does not pin them)
-EDITABLE_DEFECTS = ("metrics.jsonl", "part-00000.jsonl", "predictions.jsonl")
-IN_CHECKPOINT_DEFECT = True  # a file in checkpoints/step_N, removed when a resume saves step N again (replace_folder)
+EDITABLE = ("final/README.md", "final/metrics.json", "README.md", "metrics.json", "train.log", "metrics.jsonl",
+            "part-00000.jsonl", "predictions.jsonl")
 
 
 def make_assets(folder: Path) -> SimpleNamespace:
@@ -203,8 +196,7 @@ class DeletionMachine(RuleBasedStateMachine):
             for sub in ("final", "checkpoints", "predictions"):
                 if (self.root / run / sub).is_dir():
                     places.append(f"{run}/{sub}")
-            if DEFECTS or not IN_CHECKPOINT_DEFECT:
-                places += sorted(f"{run}/checkpoints/{p.name}" for p in (self.root / run).glob("checkpoints/step_*"))
+            places += sorted(f"{run}/checkpoints/{p.name}" for p in (self.root / run).glob("checkpoints/step_*"))
         places += [*EXPORTS[:2], *CORPUS, LS_RUNS, f"{LS_RUNS}/project9-mine"]
         places += sorted(f"{LS_RUNS}/{p.name}" for p in (self.root / LS_RUNS).glob("project1-*"))
         return places
@@ -231,7 +223,7 @@ class DeletionMachine(RuleBasedStateMachine):
     def editable(self) -> list[str]:
         return sorted(p.relative_to(self.root).as_posix() for p in self.root.rglob("*")
                       if p.is_file() and any(p.relative_to(self.root).as_posix().endswith("/" + name)
-                                             for name in EDITABLE + EDITABLE_DEFECTS * DEFECTS))
+                                             for name in EDITABLE))
 
     @precondition(lambda self: self.editable())
     @rule(pick=st.integers(0, 30))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import re
 import shutil
 import threading
 import time
@@ -215,6 +216,22 @@ def test_resume_check_reads_options_missing_from_older_checkpoints_as_their_old_
         check_compatible(older, {**config, "pad_to_multiple_of": 4}, ["O"], 1, tmp_path)
 
 
+def test_a_refused_resume_names_every_difference_in_one_line(tmp_path):
+    """Before: a header line, then one line a difference (CONVENTIONS: a refusal is one line)."""
+    from ner.training.checkpoint import check_compatible
+    from ner.training.config import TrainConfig
+
+    config = TrainConfig().to_dict()
+    saved = {"config": {**config, "learning_rate": 0.001}, "label_list": ["O"], "world_size": 2}
+    with pytest.raises(UserError) as refused:
+        check_compatible(saved, {**config, "learning_rate": 0.002, "seed": config["seed"] + 1}, ["O", "B-PER"], 1,
+                         tmp_path)
+    assert str(refused.value) == (
+        f"{tmp_path}: cannot resume: learning_rate: checkpoint 0.001, now 0.002; seed: checkpoint {config['seed']}, "
+        f"now {config['seed'] + 1}; labels: checkpoint ['O'], now ['O', 'B-PER']; processes: checkpoint 2, now 1 "
+        "(the data position is per rank: resume with the same number)")
+
+
 def another_value(spec: dataclasses.Field, value: object) -> object:
     """A valid value of the field other than `value`."""
     choices = spec.metadata.get("choices")
@@ -244,7 +261,8 @@ def test_resume_accepts_or_refuses_each_option_as_the_option_declares(tmp_path, 
     if rule == MAY_CHANGE:
         ckpt.check_compatible(saved, changed, ["O"], 1, tmp_path)
     else:
-        with pytest.raises(UserError, match=f"\\n  {name}: checkpoint "):
+        one_line = f"^{re.escape(str(tmp_path))}: cannot resume: {name}: checkpoint [^\\n]*$"
+        with pytest.raises(UserError, match=one_line):
             ckpt.check_compatible(saved, changed, ["O"], 1, tmp_path)
     older = {**saved, "config": {key: value for key, value in config.items() if key != name}}
     if isinstance(rule, AddedLater):

@@ -260,7 +260,7 @@ def read_state(folder: Path) -> dict:
 
 
 def check_compatible(saved: dict, config: dict, label_list: list[str], world_size: int, folder: Path) -> None:
-    """Refuse to resume into different math, listing every difference."""
+    """Refuse to resume into different math, naming every difference, in one line."""
     saved_config = {**ADDED_LATER, **saved["config"]}
     differences = [f"{key}: checkpoint {saved_config.get(key)!r}, now {value!r}"
                    for key, value in config.items()
@@ -270,10 +270,9 @@ def check_compatible(saved: dict, config: dict, label_list: list[str], world_siz
         differences.append(f"labels: checkpoint {saved['label_list']}, now {label_list}")
     if saved["world_size"] != world_size:
         differences.append(f"processes: checkpoint {saved['world_size']}, now {world_size} "
-                           "(the data position is per rank; resume with the same number)")
-    if differences:
-        raise UserError(f"{folder}: cannot resume, the run differs from the checkpoint:\n  "
-                        + "\n  ".join(differences))
+                           "(the data position is per rank: resume with the same number)")
+    if differences:  # one line, as every refusal (CONVENTIONS): the differences side by side
+        raise UserError(f"{folder}: cannot resume: {'; '.join(differences)}")
 
 
 def load_weights(backend: Backend, folder: Path, model) -> None:

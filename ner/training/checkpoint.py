@@ -13,7 +13,8 @@ A checkpoint is complete only when its manifest exists and matches: the folder i
 name of ner/files.py (`.step_<N>.new-<random>`), every file fsynced, the manifest
 written last, and only then renamed into place, so a `step_<N>` folder always has its manifest. The manifest
 is also the record of what the run wrote there (ner/files.py's one format): rotation and --overwrite-output-dir
-remove a checkpoint only when it holds nothing else.
+remove a checkpoint only when it holds nothing else, and a save of the same step again (a resume) never replaces one
+that does (resaves_refused at the start, refuse_to_replace at the save).
 """
 
 from __future__ import annotations

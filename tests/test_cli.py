@@ -15,6 +15,7 @@ from ner.errors import UserError
 from ner.inference.runtimes import ONNX, TORCH
 from ner.metrics import best_evaluation
 from ner.training.checkpoint import list_checkpoints
+from ner.training.output_dir import MetricsLog
 
 
 @pytest.fixture(scope="module")
@@ -196,7 +197,7 @@ def test_resume_auto_with_no_complete_checkpoint_starts_afresh_only_where_no_run
     assert train_cli.main(tiny_args(tiny_bert, tiny_data, fresh, *args)) == 0
     out = tmp_path / "run"
     (out / "checkpoints" / "step_24").mkdir(parents=True)  # an interrupted save: no manifest
-    (out / "metrics.jsonl").write_text('{"step": 1, "loss": 9.0}\n')
+    MetricsLog(out).append('{"step": 1, "loss": 9.0}\n')  # as the run wrote it: pinned in its record
     (out / "notes.md").write_text("mine")
     before = sorted((str(p.relative_to(out)), p.is_file() and p.read_text()) for p in out.rglob("*"))
     capsys.readouterr()

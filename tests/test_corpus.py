@@ -15,6 +15,7 @@ from conftest import PEOPLE, PLACES, python_module, run_cli, torch_threads
 import ner.corpus.manifest
 import ner.corpus.plan
 import ner.corpus.tagging
+from ner import files
 from ner.backends import BF16, NO_MIXED_PRECISION
 from ner.inference.options import INFERENCE_BUDGETS
 from ner.inference.runtimes import ONNX, ONNX_INT8, TORCH
@@ -632,3 +633,28 @@ def test_an_input_file_inside_the_output_folder_is_refused(random_model, corpus,
     capsys.readouterr()
     assert tag(random_model, out, out / "part-00000.jsonl", extra=("--jsonl",)) == 2
     assert "inside --output-dir" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("edited", ["part-00001.jsonl", "predictions.jsonl"])
+@pytest.mark.parametrize("rerun", ["--overwrite", "--merge"])
+def test_a_part_or_merged_file_you_edited_is_yours_overwrite_and_merge_refuse_to_touch_it(
+        random_model, corpus, tmp_path, capsys, edited, rerun):
+    """Each part is pinned (size, sha256) once complete, the merged file once written: an edited one is the user's.
+    Red before: the manifest recorded them unpinned ({}), so --overwrite removed it and --merge replaced it."""
+    out = tmp_path / "out"
+    args = (corpus["first"], corpus["second"])
+    assert tag(random_model, out, *args, extra=("--chunk-texts", "4", "--merge")) == 0
+    entries = json.loads((out / "manifest.json").read_text())["files"]
+    assert all(entries[name] == files.file_entry(out / name) for name in entries)  # all of them pinned
+    with open(out / edited, "a", encoding="utf-8") as handle:
+        handle.write('{"mine": true}\n')
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    capsys.readouterr()
+    assert tag(random_model, out, *args, extra=("--chunk-texts", "4", rerun)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f"error: {out / edited}: changed since ner.predict wrote it"), err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    (out / edited).rename(tmp_path / edited)  # moved away: the rerun tags (or merges) it again
+    assert tag(random_model, out, *args, extra=("--chunk-texts", "4", "--merge")) == 0
+    assert (out / edited).read_bytes() != (tmp_path / edited).read_bytes()
+    assert tag(random_model, out, *args, extra=("--chunk-texts", "4", "--overwrite")) == 0

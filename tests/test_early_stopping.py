@@ -174,5 +174,5 @@ def test_resume_refuses_a_change_of_what_picks_the_best_model(tmp_path, name, ot
 
     config = TrainConfig().to_dict()
     saved = {"config": config, "label_list": ["O"], "world_size": 1}
-    with pytest.raises(UserError, match=f"\\n  {name}: checkpoint {config[name]!r}, now {other!r}$"):
+    with pytest.raises(UserError, match=f": cannot resume: {name}: checkpoint {config[name]!r}, now {other!r}$"):
         check_compatible(saved, {**config, name: other}, ["O"], 1, tmp_path)

@@ -21,7 +21,7 @@ from ner.errors import UserError
 from ner.export import main as export_main
 from ner.training import checkpoint as ckpt
 from ner.training.export import EXPORT_TOOL, export_checkpoint
-from ner.training.output_dir import claim_output_dir
+from ner.training.output_dir import MetricsLog, claim_output_dir, metrics_are_the_runs
 
 
 def list_as_export(folder):
@@ -287,11 +287,16 @@ def trackers_of_a_run(out):
     run.release()
 
 
+def pinned_metrics(out):
+    """metrics.jsonl as a run writes it: pinned in the run's record."""
+    MetricsLog(out).append("{}\n")
+
+
 def a_finished_run(out, export, checkpoint):
     shutil.copytree(checkpoint, out / "checkpoints" / "step_4")
     (out / "predictions").mkdir()
     (out / "predictions" / "validation.conll").write_text("Ada\tB-PER\tB-PER\n")
-    (out / "metrics.jsonl").write_text("{}\n")
+    pinned_metrics(out)
     (out / "loss_lr.png").write_bytes(b"png")
     shutil.copytree(export, out / "final")
     trackers_of_a_run(out)
@@ -631,3 +636,90 @@ def test_the_command_refuses_to_resume_another_folders_checkpoint_over_a_finishe
     assert err.strip().splitlines()[-1].startswith(f"error: {runs['b']}: holds another run (checkpoints, final, ")
     assert "Traceback" not in err
     assert snapshot(runs["b"]) == before
+
+
+# ----------------------------------------------------------------------------- a checkpoint saved again
+
+def test_resume_refuses_at_start_when_it_may_save_again_a_checkpoint_that_holds_a_file_of_yours(checkpoint, tmp_path):
+    """A resume from step N saves step N (or a later one it finds) again, which replaces that folder whole: a file of
+    yours there was removed with it. Refused at start, naming it; checkpoints before step N are left to rotation."""
+    out = checkpoint.parent.parent
+    shutil.copytree(checkpoint, out / "checkpoints" / "step_2")
+    (out / "checkpoints" / "step_2" / "notes.txt").write_text("mine, in a checkpoint the resume never saves again")
+    claim(out, overwrite=False, resume="auto", resume_from=checkpoint)
+    (checkpoint / "step_99").mkdir()
+    (checkpoint / "step_99" / "notes.txt").write_text("mine")
+    before = snapshot(out)
+    with pytest.raises(UserError, match=f"^{re.escape(str(checkpoint / 'step_99'))}: .*the resumed run may save step "
+                                        f"4 again.*move it away"):
+        claim(out, overwrite=False, resume="auto", resume_from=checkpoint)
+    assert snapshot(out) == before
+
+
+def test_a_save_refuses_to_replace_a_checkpoint_that_holds_a_file_of_yours(tiny_bert, tiny_data, tmp_path, capsys):
+    """The command (red before: exit 0, notes.txt gone): a resume that saves step 3 again over step_3/notes.txt."""
+    out = tmp_path / "run"
+    assert train_cli.main(tiny_args(tiny_bert, tiny_data, out, "--max-steps", "3", "--save-steps", "1")) == 0
+    (out / "checkpoints" / "step_3" / "notes.txt").write_text("mine")
+    before = snapshot(out)
+    capsys.readouterr()
+    assert train_cli.main(tiny_args(tiny_bert, tiny_data, out, "--max-steps", "3", "--save-steps", "1",
+                                    "--resume", "auto")) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(f"error: {out / 'checkpoints' / 'step_3'}")
+    assert snapshot(out) == before
+
+
+def test_a_save_that_meets_a_file_of_yours_in_its_step_folder_keeps_it_and_refuses(checkpoint, tmp_path):
+    """Dropped in while the run trains (the start could not see it): the save refuses, on every rank, and removes
+    only its own staged copy; the old checkpoint and your file stay."""
+    out = checkpoint.parent.parent
+    (checkpoint / "notes.txt").write_text("mine")
+    backend = SimpleNamespace(is_main_process=True, process_index=0, grad_scaler=None,
+                              wait_for_everyone=lambda: None, gather_object=lambda value: [value],
+                              unwrap_model=lambda model: model)
+    model = SimpleNamespace(save_pretrained=lambda path, **kwargs: path.mkdir())
+    tokenizer = SimpleNamespace(save_pretrained=lambda path: None)
+    state = SimpleNamespace(state_dict=lambda: {})
+    before = snapshot(out)
+    with pytest.raises(UserError, match=f"^{re.escape(str(checkpoint))}: holds notes.txt"):
+        ckpt.save_checkpoint(backend, out, 4, model, tokenizer, state, state, {}, trackers.TrackerClaim())
+    assert snapshot(out) == before
+
+
+# ----------------------------------------------------------------------------- metrics.jsonl, pinned line by line
+
+@pytest.mark.parametrize("then", ["--overwrite-output-dir", "--resume auto"])
+def test_an_edited_metrics_jsonl_is_yours_neither_removed_nor_appended_to(tiny_bert, tiny_data, tmp_path, capsys, then):
+    """The run pins metrics.jsonl (size, sha256) in its record as it appends each line. Red before: the record listed
+    it by name only, so --overwrite-output-dir removed an edited one and a resume appended to it."""
+    out = tmp_path / "run"
+    args = ("--max-steps", "2", "--save-steps", "1")
+    assert train_cli.main(tiny_args(tiny_bert, tiny_data, out, *args)) == 0
+    pinned = files.read_record(out, "ner.train")["metrics.jsonl"]
+    assert {key: pinned[key] for key in ("size", "sha256")} == files.file_entry(out / "metrics.jsonl")
+    with open(out / "metrics.jsonl", "a", encoding="utf-8") as handle:
+        handle.write('{"note": "mine"}\n')
+    before = snapshot(out)
+    capsys.readouterr()
+    assert train_cli.main(tiny_args(tiny_bert, tiny_data, out, "--max-steps", "3", *then.split())) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert str(out / "metrics.jsonl") in err[-1] and "nothing was" in err[-1], err
+    assert snapshot(out) == before
+
+
+def test_a_run_killed_between_the_pin_and_the_append_still_owns_its_metrics_jsonl(tmp_path):
+    """The pin is written before the line (never vouching for what follows it), with the bytes before the line."""
+    out = tmp_path / "run"
+    out.mkdir()
+    log = MetricsLog(out)
+    log.append('{"step": 1}\n')
+    log.append('{"step": 2}\n')
+    assert metrics_are_the_runs(out)
+    (out / "metrics.jsonl").write_text('{"step": 1}\n')  # as if killed after the second pin, before its line
+    assert metrics_are_the_runs(out)
+    (out / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n{"mine": 1}\n')
+    assert not metrics_are_the_runs(out)
+    (out / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n')
+    assert metrics_are_the_runs(out)
+    MetricsLog(out).append('{"step": 3}\n')  # a resume: the file read once, then hashed as it grows
+    assert metrics_are_the_runs(out)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import re
 import shutil
 import threading
 import time
@@ -215,6 +216,22 @@ def test_resume_check_reads_options_missing_from_older_checkpoints_as_their_old_
         check_compatible(older, {**config, "pad_to_multiple_of": 4}, ["O"], 1, tmp_path)
 
 
+def test_a_refused_resume_names_every_difference_in_one_line(tmp_path):
+    """Before: a header line, then one line a difference (CONVENTIONS: a refusal is one line)."""
+    from ner.training.checkpoint import check_compatible
+    from ner.training.config import TrainConfig
+
+    config = TrainConfig().to_dict()
+    saved = {"config": {**config, "learning_rate": 0.001}, "label_list": ["O"], "world_size": 2}
+    with pytest.raises(UserError) as refused:
+        check_compatible(saved, {**config, "learning_rate": 0.002, "seed": config["seed"] + 1}, ["O", "B-PER"], 1,
+                         tmp_path)
+    assert str(refused.value) == (
+        f"{tmp_path}: cannot resume: learning_rate: checkpoint 0.001, now 0.002; seed: checkpoint {config['seed']}, "
+        f"now {config['seed'] + 1}; labels: checkpoint ['O'], now ['O', 'B-PER']; processes: checkpoint 2, now 1 "
+        "(the data position is per rank: resume with the same number)")
+
+
 def another_value(spec: dataclasses.Field, value: object) -> object:
     """A valid value of the field other than `value`."""
     choices = spec.metadata.get("choices")
@@ -244,7 +261,8 @@ def test_resume_accepts_or_refuses_each_option_as_the_option_declares(tmp_path, 
     if rule == MAY_CHANGE:
         ckpt.check_compatible(saved, changed, ["O"], 1, tmp_path)
     else:
-        with pytest.raises(UserError, match=f"\\n  {name}: checkpoint "):
+        one_line = f"^{re.escape(str(tmp_path))}: cannot resume: {name}: checkpoint [^\\n]*$"
+        with pytest.raises(UserError, match=one_line):
             ckpt.check_compatible(saved, changed, ["O"], 1, tmp_path)
     older = {**saved, "config": {key: value for key, value in config.items() if key != name}}
     if isinstance(rule, AddedLater):
@@ -316,7 +334,7 @@ class TwoRanks:
 def a_previous_run(out: Path) -> None:
     (out / "predictions").mkdir(parents=True)
     (out / "predictions" / "validation.conll").write_text("Ada\tB-PER\tB-PER\n")
-    (out / "metrics.jsonl").write_text("{}\n")
+    output_dir_module.MetricsLog(out).append("{}\n")  # as a run writes it: pinned in the run's record
 
 
 def overwrite_on_two_ranks(out: Path, monkeypatch, slow_rank_1: bool = True) -> tuple[TwoRanks, list[object]]:
@@ -361,7 +379,8 @@ def test_overwrite_output_dir_refused_on_rank_0_stops_every_rank(tmp_path, monke
     ranks, outcomes = overwrite_on_two_ranks(out, monkeypatch, slow_rank_1=False)
     assert all(isinstance(outcome, UserError) for outcome in outcomes), outcomes
     assert f"({out / 'predictions' / 'mine.txt'}); nothing was removed" in str(outcomes[0])
-    assert sorted(p.name for p in out.rglob("*")) == ["metrics.jsonl", "mine.txt", "predictions", "validation.conll"]
+    assert sorted(p.name for p in out.rglob("*")) == [".ner-record.json", "metrics.jsonl", "mine.txt", "predictions",
+                                                      "validation.conll"]
 
 
 def test_no_rank_waits_through_the_end_of_runs_export_of_every_runtimes_files(tmp_path, monkeypatch):

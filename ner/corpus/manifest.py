@@ -14,7 +14,15 @@ from ner.corpus.inputs import Source, count_texts
 from ner.corpus.plan import MERGED, Plan, chunk_texts_for, finished_chunks, part_name
 from ner.data.examples import Example
 from ner.errors import UserError
-from ner.files import read_whole_record, remove_recorded, sha256_file, temporary_of, write_record
+from ner.files import (
+    file_entry,
+    read_whole_record,
+    remove_recorded,
+    same_bytes,
+    sha256_file,
+    temporary_of,
+    write_record,
+)
 from ner.inference.runtimes import RUNTIME_FILES
 
 log = logging.getLogger("ner")
@@ -159,17 +167,42 @@ def check_resumable(out_dir: Path, saved: dict, current: dict) -> None:
 
 
 def written_names(plan: Plan) -> dict[str, dict]:
-    """The manifest's record entries: every part of the plan and the merged file, whose contents it does not pin."""
+    """The manifest's record entries: every part of the plan and the merged file, not pinned until written (pin)."""
     return {name: {} for name in [*map(part_name, range(plan.chunks)), MERGED]}
 
 
+def pin(out_dir: Path, names: list[str], unpinned_only: bool = False) -> None:
+    """Rank 0: pin (size, sha256) the files `names` of OUT that exist, in its manifest: each part once every process
+    has written its parts, the merged file once written, so that one edited since is the user's (it is then never
+    removed, and refused: refuse_edited). `unpinned_only`: only those still recorded as {}: a part a killed run
+    renamed into place whole before it could pin it, pinned by the rerun as it finds it."""
+    record = read_whole_record(out_dir, CORPUS_TOOL, MANIFEST)
+    entries = record["files"]
+    found = [name for name in names if (out_dir / name).is_file() and not (unpinned_only and entries.get(name))]
+    if found:
+        entries |= {name: file_entry(out_dir / name) for name in found}
+        more = {key: value for key, value in record.items() if key not in ("tool", "files")}
+        write_record(out_dir, CORPUS_TOOL, entries, MANIFEST, fsync=True, **more)
+
+
+def refuse_edited(out_dir: Path, saved: dict, overwrite: bool) -> None:
+    """A part or merged file whose bytes are not those pinned is the user's: the rerun would take it for its own
+    (or replace it), --overwrite would remove it. Refused before anything is written."""
+    for name, entry in sorted(saved["files"].items()):
+        path = out_dir / name
+        if "sha256" in entry and (path.exists() or path.is_symlink()) and not same_bytes(path, entry):
+            does = "--overwrite would remove it" if overwrite else "this run would take it for its own or replace it"
+            raise UserError(f"{path}: changed since ner.predict wrote it, so it is yours now, and {does}: move it "
+                            "away and run again (nothing was changed)")
+
+
 def remove_ours(out_dir: Path, saved: dict, temporaries_only: bool = False) -> None:
-    """Delete what the run of manifest `saved` wrote in OUT (the files it records, the manifest, and temporary
-    files ner/files.py made for them: a killed writer's leftovers, ours beyond doubt); nothing else."""
+    """Delete what the run of manifest `saved` wrote in OUT (the files it records, as pinned, the manifest, and
+    temporary files ner/files.py made for them: a killed writer's leftovers, ours beyond doubt); nothing else."""
     written = {*saved["files"], MANIFEST}
     ours = [path.name for path in out_dir.iterdir() if path.is_file() and (
         temporary_of(path.name, roles=("tmp",)) in written or path.name in written and not temporaries_only)]
-    remove_recorded(out_dir, {name: {} for name in ours})  # the rest of OUT is the user's: it stays
+    remove_recorded(out_dir, {name: saved["files"].get(name, {}) for name in ours})  # the rest of OUT stays
 
 
 def check_folder_is_ours(out_dir: Path) -> dict | None:
@@ -195,11 +228,14 @@ def prepare(args: argparse.Namespace, sources: list[Source], computed: dict) -> 
     current = {"version": MANIFEST_VERSION,
                "model": model_identity(args.model_dir, args.runtime), "settings": corpus_settings(args),
                "computation": computed, "inputs": input_identity(sources)}
+    if saved is not None:
+        refuse_edited(out_dir, saved, args.overwrite)
     if saved is not None and args.overwrite:
         remove_ours(out_dir, saved)
         saved = None
     if saved is not None:
         check_resumable(out_dir, saved, current)
+        pin(out_dir, list(saved["files"]), unpinned_only=True)
         remove_ours(out_dir, saved, temporaries_only=True)  # a killed writer's leftovers; the parts are whole
         chunk_texts = saved.get("chunk_texts") or chunk_texts_for(args.chunk_texts, saved["texts"])
         return Plan(saved["texts"], chunk_texts, frozenset(finished_chunks(out_dir)))

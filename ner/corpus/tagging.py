@@ -35,7 +35,7 @@ from pathlib import Path
 
 from ner.backends import inference_backend
 from ner.corpus.inputs import Source, Unit, expand_inputs, parse_unit
-from ner.corpus.manifest import computation, prepare, runtime_to_resume
+from ner.corpus.manifest import computation, pin, prepare, runtime_to_resume
 from ner.corpus.plan import (
     CHUNK_TEXTS_RANGE,
     CHUNKS_AIMED_FOR,
@@ -228,8 +228,11 @@ def tag_on_every_process(args: argparse.Namespace, backend) -> None:
     if backend.num_processes > 1:
         progress.report()  # every process has finished: the last line counts all of them
     with all_or_none(backend):
+        if backend.is_main_process:  # every process has written its parts: pinned, the merged file once written
+            pin(args.output_dir, [part_name(k) for k in range(plan.chunks) if k not in plan.done])
         if args.merge and backend.is_main_process:
             merged = merge_parts(args.output_dir, plan)
+            pin(args.output_dir, [MERGED])
             if not args.quiet:
                 print(f"corpus: wrote {merged}", file=sys.stderr, flush=True)
 

@@ -13,7 +13,8 @@ A checkpoint is complete only when its manifest exists and matches: the folder i
 name of ner/files.py (`.step_<N>.new-<random>`), every file fsynced, the manifest
 written last, and only then renamed into place, so a `step_<N>` folder always has its manifest. The manifest
 is also the record of what the run wrote there (ner/files.py's one format): rotation and --overwrite-output-dir
-remove a checkpoint only when it holds nothing else.
+remove a checkpoint only when it holds nothing else, and a save of the same step again (a resume) never replaces one
+that does (resaves_refused at the start, refuse_to_replace at the save).
 """
 
 from __future__ import annotations
@@ -121,11 +122,41 @@ def save_checkpoint(backend: Backend, output_dir: Path, step: int, model, tokeni
             save_state(backend.grad_scaler.state_dict(), tmp / SCALER)
         (tmp / STATE).write_text(json.dumps(trainer_state, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     backend.wait_for_everyone()
+    refusal = None
     if backend.is_main_process:
-        _seal(tmp, final, step)
-        trackers.record()
-    backend.wait_for_everyone()
+        refusal = refuse_to_replace(final, step)
+        if refusal is None:
+            _seal(tmp, final, step)
+            trackers.record()
+        else:  # the old step_<N> stays as it is, the file of yours in it too; only the staged copy goes
+            remove_recorded(tmp.parent, made_here(tmp.parent, tmp.name))
+    refusal = backend.gather_object(refusal)[0]  # every rank stops, none waits at the next collective
+    if refusal is not None:
+        raise UserError(refusal)
     return final
+
+
+def refuse_to_replace(final: Path, step: int) -> str | None:
+    """Why a save must not replace the folder `final` of step `step` (a file of yours in it, which the folder's
+    replacement would remove: names only, as rotation checks), else None."""
+    foreign = not_in_manifest(final) if final.is_dir() and not final.is_symlink() else []
+    if not foreign:
+        return None
+    return (f"{final}: holds {foreign[0].relative_to(final).as_posix()}, which the checkpoint does not, and the run "
+            f"would save step {step} again there (replacing the folder): move it away and resume (nothing of yours "
+            "was changed)")
+
+
+def resaves_refused(output_dir: Path, resume_from: Path) -> None:
+    """Before a resume of `output_dir`'s own run from `resume_from`: it may save its step, or any later one, again,
+    replacing that checkpoint folder whole; refuse where such a folder holds a file of yours (names only, as rotation
+    checks), before anything is written."""
+    for folder in list_checkpoints(output_dir):
+        foreign = not_in_manifest(folder) if step_of(folder) >= step_of(resume_from) else []
+        if foreign:
+            raise UserError(f"{foreign[0]}: not the checkpoint's (its manifest does not list it), and the resumed run "
+                            f"may save step {step_of(folder)} again, which replaces {folder} whole: move it away "
+                            "(nothing was changed)")
 
 
 def save_state(state: dict, path: Path) -> None:
@@ -230,7 +261,7 @@ def read_state(folder: Path) -> dict:
 
 
 def check_compatible(saved: dict, config: dict, label_list: list[str], world_size: int, folder: Path) -> None:
-    """Refuse to resume into different math, listing every difference."""
+    """Refuse to resume into different math, naming every difference, in one line."""
     saved_config = {**ADDED_LATER, **saved["config"]}
     differences = [f"{key}: checkpoint {saved_config.get(key)!r}, now {value!r}"
                    for key, value in config.items()
@@ -240,10 +271,9 @@ def check_compatible(saved: dict, config: dict, label_list: list[str], world_siz
         differences.append(f"labels: checkpoint {saved['label_list']}, now {label_list}")
     if saved["world_size"] != world_size:
         differences.append(f"processes: checkpoint {saved['world_size']}, now {world_size} "
-                           "(the data position is per rank; resume with the same number)")
-    if differences:
-        raise UserError(f"{folder}: cannot resume, the run differs from the checkpoint:\n  "
-                        + "\n  ".join(differences))
+                           "(the data position is per rank: resume with the same number)")
+    if differences:  # one line, as every refusal (CONVENTIONS): the differences side by side
+        raise UserError(f"{folder}: cannot resume: {'; '.join(differences)}")
 
 
 def load_weights(backend: Backend, folder: Path, model) -> None:

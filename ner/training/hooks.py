@@ -25,7 +25,7 @@ from ner.testing import inject_fault
 from ner.training import checkpoint as ckpt
 from ner.training.evaluation import predict_tags
 from ner.training.loop import TrainState, UnreadUpdates, UpdateRecord
-from ner.training.run_files import METRICS_FILE
+from ner.training.output_dir import MetricsLog
 
 log = logging.getLogger("ner")
 
@@ -104,7 +104,7 @@ class RunHooks:
         self.is_main = backend.is_main_process
         self.bar = tqdm(total=total_steps, initial=state.global_step, desc="train", unit="step", dynamic_ncols=True,
                         disable=not self.is_main or cfg.quiet)
-        self.metrics_path = Path(cfg.output_dir) / METRICS_FILE
+        self.metrics = MetricsLog(Path(cfg.output_dir))  # metrics.jsonl, pinned line by line
         self.tokens = TokenCounter()
         self.logged_losses = len(state.step_losses)  # step_losses before this index are in an earlier record
         self.grad_norms: list[float] = []  # since the last record
@@ -116,8 +116,7 @@ class RunHooks:
     def _write(self, record: dict) -> None:
         self.backend.log_metrics(flatten_record(record), step=record["step"])
         if self.is_main:
-            with open(self.metrics_path, "a", encoding="utf-8") as handle:
-                handle.write(json.dumps({"time": round(time.time(), 3), **record}) + "\n")
+            self.metrics.append(json.dumps({"time": round(time.time(), 3), **record}) + "\n")
 
     def _progress(self, iterable, **kwargs):
         return tqdm(iterable, disable=not self.is_main or self.cfg.quiet, dynamic_ncols=True, **kwargs)

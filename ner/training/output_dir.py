@@ -2,22 +2,35 @@
 
     claim_output_dir(cfg, backend, trackers, resume_from)   # before a run writes there, on every rank
     write_run_record(out)                                    # at the run's end: OUTPUT_DIR/.ner-record.json
+    MetricsLog(out).append(line)                             # metrics.jsonl, pinned in that record at each line
 
 A folder that holds a run (RUN_MARKERS) is refused unless told: --overwrite-output-dir removes the run's own entries
 and nothing else, and only once no record shows a file of yours among them (the checkpoints' manifests, the export's
 and the trackers' records, ner/files.py); --resume continues the run, if its export in final/ is the export's own.
 What a run writes is named in training/run_files.py. At its end a run records what it wrote (write_run_record), from
 its own records where it keeps them, so that a retraining's prune (serving/retrain.py) removes exactly that.
+metrics.jsonl is pinned there (size, sha256) as each line is appended: one you edited is yours, and neither removed by
+--overwrite-output-dir nor appended to by a resume (both refused, naming it).
 """
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 from ner.backends import Backend
 from ner.backends.trackers import TRACKERS_DIR, TRACKERS_TOOL, TrackerClaim, unrecorded_tracker_files
 from ner.errors import UserError
-from ner.files import RECORD, read_record, remove_recorded, temporary_of, tree_paths, write_record
+from ner.files import (
+    RECORD,
+    read_record,
+    read_whole_record,
+    remove_recorded,
+    same_bytes,
+    temporary_of,
+    tree_paths,
+    write_record,
+)
 from ner.training import checkpoint as ckpt
 from ner.training.config import TrainConfig
 from ner.training.export import EXPORT_TOOL, checkpoint_export_names, export_unrecorded, is_export, not_the_exports
@@ -56,6 +69,12 @@ def claim_output_dir(cfg: TrainConfig, backend: Backend, trackers: TrackerClaim,
                         "--output-dir")
     elif FINAL_DIR in taken:
         check_final_for_resume(out / FINAL_DIR, resume_from)  # on every rank: a resume removes nothing
+    if own:  # on every rank too: a save of a step found here again replaces its folder whole
+        ckpt.resaves_refused(out, resume_from)
+        metrics = out / METRICS_FILE
+        if (metrics.exists() or metrics.is_symlink()) and not metrics_are_the_runs(out):
+            raise UserError(f"{metrics}: changed since the run wrote it (or no record shows a run did), so it is yours "
+                            "now, and the resumed run would append to it: move it away (nothing was changed)")
     backend.wait_for_everyone()  # no rank looks at the folder any more when rank 0 starts writing there
     if backend.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
@@ -112,7 +131,9 @@ def write_run_record(out: Path) -> None:
         path = out / marker
         if path.is_symlink():
             continue
-        if marker in RUN_FILES and path.is_file():
+        if marker == METRICS_FILE:  # its pin as the run left it (MetricsLog), never the file as it is now
+            entries[marker] = (read_record(out, RUN_TOOL) or {}).get(METRICS_FILE, {})
+        elif marker in RUN_FILES and path.is_file():
             entries[marker] = {}
         elif marker == PREDICTIONS_DIR and (path / VALIDATION_PREDICTIONS).is_file():
             entries[f"{marker}/{VALIDATION_PREDICTIONS}"] = {}
@@ -154,6 +175,8 @@ def not_written_by_a_run(out: Path, markers: list[str]) -> list[Path]:
         path = out / marker
         if path.is_symlink() or (path.is_dir() == (marker in RUN_FILES)):
             foreign.append(path)
+        elif marker == METRICS_FILE and not metrics_are_the_runs(out):
+            foreign.append(path)
         elif marker == FINAL_DIR:
             foreign += foreign_in_final(path)
         elif marker == ckpt.CHECKPOINTS:
@@ -194,3 +217,37 @@ def refuse_foreign(out: Path, foreign: list[Path]) -> None:
         named = ", ".join(str(p) for p in foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
         raise UserError(f"{out}: holds files a training run did not write or that changed since ({named}); nothing "
                         "was removed: move them away or choose another --output-dir")
+
+
+class MetricsLog:
+    """OUTPUT_DIR/metrics.jsonl, appended to by the main process, and its pin in the run's record (RUN_TOOL): the
+    bytes after each line, hashed as they are appended (the file is read once, when a resume first appends), with the
+    bytes before it (`before`) so that a run killed between the pin and the append leaves a file that is still the
+    run's. Written before the line, the pin never vouches for what the user may have appended after it."""
+
+    def __init__(self, out: Path) -> None:
+        self.out, self.path = Path(out), Path(out) / METRICS_FILE
+        self.digest, self.size = None, 0
+
+    def append(self, line: str) -> None:
+        data = line.encode("utf-8")
+        if self.digest is None:  # claim_output_dir found it the run's (a resume), or there was none
+            self.digest = hashlib.sha256(self.path.read_bytes() if self.path.is_file() else b"")
+            self.size = self.path.stat().st_size if self.path.is_file() else 0
+        before = {"size": self.size, "sha256": self.digest.hexdigest()}
+        self.digest.update(data)
+        self.size += len(data)
+        record = read_whole_record(self.out, RUN_TOOL) or {"files": {}}
+        more = {key: value for key, value in record.items() if key not in ("tool", "files")}
+        write_record(self.out, RUN_TOOL, {**record["files"], METRICS_FILE: {
+            "size": self.size, "sha256": self.digest.hexdigest(), "before": before}}, **more)
+        with open(self.path, "ab") as handle:
+            handle.write(data)
+
+
+def metrics_are_the_runs(out: Path) -> bool:
+    """OUTPUT_DIR/metrics.jsonl holds the bytes the run's record pins (or those before its last line: killed between
+    the pin and the append)."""
+    entry = (read_record(out, RUN_TOOL) or {}).get(METRICS_FILE, {})
+    path = Path(out) / METRICS_FILE
+    return any("sha256" in pinned and same_bytes(path, pinned) for pinned in (entry, entry.get("before") or {}))

@@ -77,6 +77,7 @@ DEFECTS = os.environ.get("NER_STATEFUL_DEFECTS", "0") == "1"
 # tagging's --overwrite, or replaced by its --merge (the parts and predictions.jsonl: the manifest does not pin them)
 EDITABLE_DEFECTS = ("metrics.jsonl", "part-00000.jsonl", "predictions.jsonl")
 IN_CHECKPOINT_DEFECT = True  # a file in checkpoints/step_N, removed when a resume saves step N again (replace_folder)
+# a resume with other settings than its checkpoint's is refused in several lines (checkpoint.check_compatible)
 
 
 def make_assets(folder: Path) -> SimpleNamespace:
@@ -312,6 +313,13 @@ class DeletionMachine(RuleBasedStateMachine):
         theirs = self.checkpoints(source)
         run = next(other for other in RUNS if other != source)
         self.train(run, max_steps, "--resume", str(self.root / theirs[pick % len(theirs)]))
+
+    @precondition(lambda self: DEFECTS and self.runs_with_checkpoints())
+    @rule(which=st.integers(0, 1), max_steps=st.integers(2, 4))
+    def train_resume_with_other_settings(self, which: int, max_steps: int) -> None:
+        """Refused (the math would differ): in one line, as every refusal."""
+        run = self.runs_with_checkpoints()[which % len(self.runs_with_checkpoints())]
+        assert self.train(run, max_steps, "--resume", "auto", "--learning-rate", "2e-3", continues=True) == 2
 
     @rule(run=st.sampled_from(RUNS), max_steps=st.integers(2, 4))
     def train_overwrite_output_dir(self, run: str, max_steps: int) -> None:

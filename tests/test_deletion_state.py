@@ -305,6 +305,13 @@ class DeletionMachine(RuleBasedStateMachine):
         run = next(other for other in RUNS if other != source)
         self.train(run, max_steps, "--resume", str(self.root / theirs[pick % len(theirs)]))
 
+    @precondition(lambda self: self.runs_with_checkpoints())
+    @rule(which=st.integers(0, 1), max_steps=st.integers(2, 4))
+    def train_resume_with_other_settings(self, which: int, max_steps: int) -> None:
+        """Refused (the math would differ): in one line, as every refusal."""
+        run = self.runs_with_checkpoints()[which % len(self.runs_with_checkpoints())]
+        assert self.train(run, max_steps, "--resume", "auto", "--learning-rate", "2e-3", continues=True) == 2
+
     @rule(run=st.sampled_from(RUNS), max_steps=st.integers(2, 4))
     def train_overwrite_output_dir(self, run: str, max_steps: int) -> None:
         self.train(run, max_steps, "--overwrite-output-dir", continues=True)

@@ -18,7 +18,7 @@ model card, a metrics file, a corpus part, a retraining's log), which is theirs 
 
 What must hold is checked, never which of several right answers a command gives (refusing or working). Deterministic:
 derandomized, no example database, fixed seeds; nothing timed.
-    NER_STATEFUL_EXAMPLES=300 pytest tests/test_deletion_state.py   # a longer search (default: the CI size, 15)
+    NER_STATEFUL_EXAMPLES=300 pytest tests/test_deletion_state.py   # a longer search (default: the CI size, 60)
     NER_STATEFUL_SHRINK=0 ...                                        # the first failing sequence, unshrunk (faster)
 """
 
@@ -56,7 +56,7 @@ from ner.predict import main as predict_main
 from ner.serving.retrain import Retrainer, RetrainOptions
 from ner.train import main as train_main
 
-EXAMPLES = int(os.environ.get("NER_STATEFUL_EXAMPLES", "15"))  # the CI size: about 60 s of 2 CPU cores
+EXAMPLES = int(os.environ.get("NER_STATEFUL_EXAMPLES", "60"))  # the CI size: about 60 s of 2 CPU cores
 STEPS = int(os.environ.get("NER_STATEFUL_STEPS", "8"))
 # NER_STATEFUL_SHRINK=0: report the first failing sequence as found (shrinking one runs it again and again, minutes)
 PHASES = [Phase.explicit, Phase.generate] + [Phase.shrink] * (os.environ.get("NER_STATEFUL_SHRINK", "1") != "0")

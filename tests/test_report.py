@@ -21,7 +21,7 @@ from ner.inference.analysis import NO_ENTITY, confusion_counts
 from ner.metrics import entity_scores
 from ner.plot import main as plot_main
 from ner.training.model_card import model_card
-from ner.training.output_dir import claim_output_dir
+from ner.training.output_dir import MetricsLog, claim_output_dir
 from ner.training.plots import write_plots
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -50,7 +50,9 @@ def write_run(folder: Path, steps: int = 40, eval_every: int = 10, predictions: 
             records.append({"time": 0.0, "step": step, "epoch": step // 20, "eval": scores(step / (steps + 5))})
         if step % 20 == 0:
             records.append({"time": 0.0, "step": step, "epoch_end": step // 20})
-    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    log = MetricsLog(folder)  # as a run writes it: pinned in the run's record, so --overwrite-output-dir may remove it
+    for record in records:
+        log.append(json.dumps(record) + "\n")
     if predictions:
         words = [[f"w{i}" for i in range(len(tags))] for tags in GOLD]
         write_predictions(folder / "predictions" / "validation.conll", words, GOLD, PRED)

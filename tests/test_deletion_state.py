@@ -35,12 +35,14 @@ import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
-import httpx
 import pytest
-from conftest import build_tiny_bert, make_sentences, write_conll
-from hypothesis import HealthCheck, Phase, note, settings
-from hypothesis import strategies as st
-from hypothesis.stateful import (
+
+httpx = pytest.importorskip("httpx")  # the retraining steps fetch a Label Studio export (the serve extra brings it)
+
+from conftest import build_tiny_bert, make_sentences, write_conll  # noqa: E402
+from hypothesis import HealthCheck, Phase, note, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from hypothesis.stateful import (  # noqa: E402
     RuleBasedStateMachine,
     initialize,
     invariant,
@@ -49,12 +51,12 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from ner.backends import NO_MIXED_PRECISION
-from ner.data.batching import NO_TOKEN_BUDGET
-from ner.export import main as export_main
-from ner.predict import main as predict_main
-from ner.serving.retrain import Retrainer, RetrainOptions
-from ner.train import main as train_main
+from ner.backends import NO_MIXED_PRECISION  # noqa: E402
+from ner.data.batching import NO_TOKEN_BUDGET  # noqa: E402
+from ner.export import main as export_main  # noqa: E402
+from ner.predict import main as predict_main  # noqa: E402
+from ner.serving.retrain import Retrainer, RetrainOptions  # noqa: E402
+from ner.train import main as train_main  # noqa: E402
 
 EXAMPLES = int(os.environ.get("NER_STATEFUL_EXAMPLES", "60"))  # the CI size: about 60 s of 2 CPU cores
 STEPS = int(os.environ.get("NER_STATEFUL_STEPS", "8"))

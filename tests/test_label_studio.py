@@ -603,7 +603,9 @@ def test_a_flood_of_webhooks_on_two_workers_trains_one_at_a_time_keeps_few_runs_
             time.sleep(0.2)
     assert most[0] == 1
     runs = sorted(p.name for p in retraining_env.glob("project3-*"))
-    assert len(runs) == 2 and Path(served["model_dir"]).parent.name in runs
+    # KEEP runs, and at most one more: a run the other worker still served when the last prune ran stays (its
+    # served-run lock), however the workers' timing fell
+    assert Path(served["model_dir"]).parent.name in runs and 2 <= len(runs) <= 3, runs
 
 
 def test_a_prune_removes_only_what_the_old_run_folders_record_lists(tagger, random_model, retraining_env):

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import PEOPLE, PLACES, python_module, run_cli, torch_threads
+from conftest import ONNX_PACKAGES, PEOPLE, PLACES, needs, python_module, run_cli, torch_threads
 
 import ner.corpus.manifest
 import ner.corpus.plan
@@ -383,6 +383,7 @@ def test_a_manifest_of_another_runtime_or_device_is_refused_naming_them(random_m
     assert "threads: None before" in err and f"(--runtime {ONNX}, a gpu device)" in err
 
 
+@needs(*ONNX_PACKAGES)
 def test_an_auto_resume_keeps_the_runtime_its_parts_were_tagged_with(random_model, corpus, tmp_path, monkeypatch):
     """A further export between the runs would make auto pick another runtime (here: a model.onnx on a CPU whose
     order puts it before torch); the resume keeps the recorded one and writes the same bytes. The file's contents

@@ -5,7 +5,7 @@
     python -m benchmarks.seeds --seeds 1 2 3 --out seeds_out/conll-sentence --rescore argmax \\
         -- --config scripts/conll2003.yaml --context none
 
-Everything after `--` goes to `python -m ner.train` (each seed adds `--seed S --output-dir OUT/seed_S`).
+Everything after `--` goes to `python -m ner.train`, or to `--trainer MODULE` (each seed adds `--seed S --output-dir OUT/seed_S`).
 Each run's own scores come from its export's metrics.json (the decoding it was trained with);
 `--rescore argmax|viterbi` also scores every export's validation and test files with that decoding
 through `ner.evaluate` (same weights, so it isolates the decoder). Per run it records wall time,
@@ -27,11 +27,11 @@ from benchmarks.measure import contention, run_measured
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def train_seed(seed: int, out: Path, train_args: list[str], reuse: bool) -> dict:
+def train_seed(seed: int, out: Path, train_args: list[str], reuse: bool, trainer: str = "ner.train") -> dict:
     run_dir = out / f"seed_{seed}"
     if reuse and (run_dir / "run.json").is_file():
         return json.loads((run_dir / "run.json").read_text())
-    argv = [sys.executable, "-m", "ner.train", *train_args, "--seed", str(seed), "--output-dir", str(run_dir),
+    argv = [sys.executable, "-m", trainer, *train_args, "--seed", str(seed), "--output-dir", str(run_dir),
             "--overwrite-output-dir", "--quiet"]
     measured = run_measured(argv, out / "logs" / f"seed_{seed}.log", cwd=ROOT)
     metrics = json.loads((run_dir / "final" / "metrics.json").read_text())
@@ -109,12 +109,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="folder for the runs, seeds.json and seeds.md")
     parser.add_argument("--rescore", choices=("argmax", "viterbi"), help="also score each export with this decoding")
     parser.add_argument("--reuse", action="store_true", help="keep seeds already trained in OUT (seed_S/run.json)")
+    parser.add_argument("--trainer", default="ner.train",
+                        help="module run as `python -m TRAINER` (default ner.train; an ablation such as "
+                             "benchmarks.batch_plan_before_buckets takes the same flags)")
     args = parser.parse_args(ours)
     out = args.out.resolve()
     runs = []
     for seed in args.seeds:
         print(f"seed {seed} ...", flush=True)
-        runs.append(train_seed(seed, out, train_args, args.reuse))
+        runs.append(train_seed(seed, out, train_args, args.reuse, args.trainer))
         if args.rescore and "rescored" not in runs[-1]:
             runs[-1]["rescored"] = rescore(out / f"seed_{seed}", args.rescore)
             (out / f"seed_{seed}" / "run.json").write_text(json.dumps(runs[-1], indent=2) + "\n")

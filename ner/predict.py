@@ -9,7 +9,9 @@
     python -m ner.predict runs/ner/final corpus/ --output-dir tagged --merge   # a corpus: ner/corpus/tagging.py
 
 JSON output, one line per input line (raw text: an empty line gives no entities):
-    {"entities": [{"text": "Angela Merkel", "type": "PER", "start": 0, "end": 13, "score": 0.99}]}
+    {"entities": [{"text": "Angela Merkel", "type": "PER", "start": 0, "end": 13, "score": 0.99}], "confidence": 0.98}
+`confidence`: how sure the model is of the text's whole tag sequence, entities or none (low = unsure; every
+    output format but conll carries it, and `python -m ner.select` picks the least sure texts to annotate).
 --format spans: span JSONL, what ner.train reads back and annotation tools (doccano, Label Studio
     via its converters) import, for correction:
     {"text": "Angela Merkel met ...", "entities": [[0, 13, "PER"], ...]}
@@ -44,7 +46,7 @@ from ner.data.spans import SPAN_HELP, entities_record, label_studio_task, span_r
 from ner.data.tags import check_known_labels
 from ner.data.text import split_whitespace
 from ner.errors import UserError, cli
-from ner.inference.entities import entities, word_positions
+from ner.inference.entities import entities, text_confidence, word_positions
 from ner.inference.model_folder import model_version
 from ner.inference.options import add_inference_arguments, show_choice_on_stderr
 from ner.inference.tagger import Tagger
@@ -100,10 +102,12 @@ def write_output(examples: list[Example], tags: list[list[str]], probs: list[np.
         if fmt == "conll":
             out.write("".join(f"{w}\t{t}\n" for w, t in zip(example.words, sentence_tags)) + "\n")
         elif fmt == "spans":
-            out.write(json.dumps(span_record([(example.words, sentence_tags)]), ensure_ascii=False) + "\n")
+            record = {**span_record([(example.words, sentence_tags)]), "confidence": text_confidence(sentence_probs)}
+            out.write(json.dumps(record, ensure_ascii=False) + "\n")
         else:
             record = {"words": example.words, "entities": entities(sentence_tags, sentence_probs,
-                                                                     word_positions(example.words))}
+                                                                     word_positions(example.words)),
+                      "confidence": text_confidence(sentence_probs)}
             out.write(json.dumps(record, ensure_ascii=False) + "\n")
 
 
@@ -138,11 +142,11 @@ def predict_raw(tagger: Tagger, args: argparse.Namespace, progress) -> int:
     results = tagger.predict([r["text"] for r in records], args.batch_size, args.max_tokens, progress)
     if args.format == "label-studio":
         version = model_version(args.model_dir)
-        tasks = [label_studio_task(r, result["entities"], version) for r, result in zip(records, results)]
+        tasks = [label_studio_task(r, result, version) for r, result in zip(records, results)]
         sys.stdout.write(json.dumps(tasks, ensure_ascii=False, indent=1) + "\n")
         return 0
     if args.format == "spans":
-        results = [entities_record(record, result["entities"]) for record, result in zip(records, results)]
+        results = [entities_record(record, result) for record, result in zip(records, results)]
     sys.stdout.writelines(json.dumps(result, ensure_ascii=False) + "\n" for result in results)
     return 0
 

@@ -141,13 +141,15 @@ def test_predict_gives_one_entry_per_task_in_order_with_offsets_into_the_text(cl
         for text, answer in zip(texts, results):
             entities = expected[TEXTS.index(text)]["entities"]
             assert answer["model_version"] == model_version(random_model)
+            # the text's confidence, which uncertainty sampling orders by: set with or without entities
+            assert answer["score"] == expected[TEXTS.index(text)]["confidence"] and 0 < answer["score"] <= 1
             assert [(r["value"]["start"], r["value"]["end"], r["value"]["labels"]) for r in answer["result"]] == [
                 (e["start"], e["end"], [e["type"]]) for e in entities]
             for region in answer["result"]:
                 assert region["from_name"] == "label" and region["to_name"] == "text"
                 assert region["type"] == "labels" and 0 <= region["score"] <= 1
                 assert region["value"]["text"] == text[region["value"]["start"]:region["value"]["end"]]
-    assert predict(client, [""])[0] == {"result": [], "score": None, "model_version": model_version(random_model)}
+    assert predict(client, [""])[0] == {"result": [], "score": 1.0, "model_version": model_version(random_model)}
 
 
 def test_predict_maps_types_to_the_project_and_counts_the_dropped(client, tagger, caplog):

@@ -12,7 +12,8 @@ from ner.corpus.inputs import parse_unit
 class RayTagger:
     """A Tagger as the callable class Ray Data's `map_batches` takes for offline batch inference: each actor
     loads the model once, then tags batches of rows; `entities` is added as a JSON string per row (the list
-    ner.predict writes), so the column holds one Arrow type whatever is found. Imports no Ray itself.
+    ner.predict writes), so the column holds one Arrow type whatever is found, and `confidence` (the text's, a float).
+Imports no Ray itself.
 
         ds = ray.data.read_parquet("s3://bucket/corpus/")
         ds = ds.map_batches(RayTagger, fn_constructor_kwargs={"model_dir": "runs/ner/final"},
@@ -38,4 +39,5 @@ class RayTagger:
                  for row, text in enumerate(batch[self.text_column])]
         results = self.tagger.predict(texts, self.max_sentences, self.max_tokens)
         found = [json.dumps(result["entities"], ensure_ascii=False) for result in results]
-        return {**batch, "entities": np.array(found, dtype=object)}
+        confidence = np.array([result["confidence"] for result in results], dtype=np.float64)
+        return {**batch, "entities": np.array(found, dtype=object), "confidence": confidence}

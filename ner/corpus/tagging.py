@@ -53,13 +53,14 @@ from ner.files import atomic_write_text
 log = logging.getLogger(__name__)
 
 
-def output_line(record: dict, where: str, found: list[dict], spans: bool, raw_text: bool) -> str:
+def output_line(record: dict, where: str, result: dict, spans: bool, raw_text: bool) -> str:
+    """`result`: Tagger.predict's for the record's text ({"entities", "confidence"})."""
     if spans:
-        out = entities_record(record, found)
+        out = entities_record(record, result)
     elif raw_text:
-        out = {"entities": found}
+        out = result
     else:  # the record's other fields kept, its spans replaced by the predicted entities
-        out = {**entities_record(record, found), "entities": found}
+        out = {**entities_record(record, result), "entities": result["entities"]}
     return json.dumps({"_source": where, **out}, ensure_ascii=False) + "\n"
 
 
@@ -67,7 +68,7 @@ def tag_chunk(tagger, args: argparse.Namespace, units: list[Unit]) -> str:
     """A chunk's output; every line is parsed before anything is tagged, so a bad one writes nothing."""
     records = [parse_unit(kind, where, payload) for kind, where, payload in units]
     results = tagger.predict([r["text"] for r in records], args.batch_size, args.max_tokens)
-    return "".join(output_line(record, where, result["entities"], args.format == "spans", not args.jsonl)
+    return "".join(output_line(record, where, result, args.format == "spans", not args.jsonl)
                    for (_, where, _), record, result in zip(units, records, results))
 
 

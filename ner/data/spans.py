@@ -267,25 +267,29 @@ def _without_spans(record: dict) -> dict:
     return {key: value for key, value in record.items() if key not in SPAN_KEYS}
 
 
-def entities_record(record: dict, entities: list[dict]) -> dict:
-    """`record` ({"text", ...}) with its spans replaced by ner.predict's raw-text entities, whose offsets
-    are characters already."""
-    return {**_without_spans(record), "entities": [[e["start"], e["end"], e["type"]] for e in entities]}
+def entities_record(record: dict, result: dict) -> dict:
+    """`record` ({"text", ...}) with its spans replaced by a raw-text result of Tagger.predict ({"entities",
+    "confidence"}; the offsets are characters already), and that text's confidence."""
+    entities = [[e["start"], e["end"], e["type"]] for e in result["entities"]]
+    return {**_without_spans(record), "entities": entities, "confidence": result["confidence"]}
 
 
-def label_studio_task(record: dict, entities: list[dict], model_version: str) -> dict:
-    """A Label Studio task holding ner.predict's raw-text entities as a prediction to correct (the
+def label_studio_task(record: dict, result: dict, model_version: str) -> dict:
+    """A Label Studio task holding a raw-text result of Tagger.predict as a prediction to correct (the
     `label`/`text` names of its Named Entity Recognition template)."""
-    return {"data": _without_spans(record), "predictions": [label_studio_prediction(entities, model_version)]}
+    prediction = label_studio_prediction(result["entities"], result["confidence"], model_version)
+    return {"data": _without_spans(record), "predictions": [prediction]}
 
 
-def label_studio_prediction(entities: list[dict], model_version: str, from_name: str = "label",
-                            to_name: str = "text") -> dict:
+def label_studio_prediction(entities: list[dict], confidence: float, model_version: str, from_name: str = "label",
+                            to_name: str = "text", cluster: int | None = None) -> dict:
     """Entities ({"start", "end", "text", "type", "score"}, "type" a label of the project) as one Label Studio
     prediction: `labels` regions of the <Labels name=from_name> over the <Text name=to_name>, Python string
-    offsets (what its Text tag counts), scored by their mean. The one writer of Label Studio regions."""
+    offsets (what its Text tag counts). Its `score` is the text's confidence (entities.text_confidence: set for a
+    text with no entity too, low = unsure), which Label Studio's uncertainty sampling orders tasks by, lowest
+    first, spread over `cluster` where given. The one writer of Label Studio regions."""
     result = [{"from_name": from_name, "to_name": to_name, "type": "labels", "score": e["score"],
                "value": {"start": e["start"], "end": e["end"], "text": e["text"], "labels": [e["type"]]}}
               for e in entities]
-    score = round(sum(e["score"] for e in entities) / len(entities), 4) if entities else None
-    return {"model_version": model_version, "score": score, "result": result}
+    prediction = {"model_version": model_version, "score": confidence, "result": result}
+    return prediction if cluster is None else {**prediction, "cluster": cluster}

@@ -1,5 +1,6 @@
 """Tagged words -> entities with scores: the one tags -> entities step of inference (ner.predict, ner.serve,
-corpus tagging, the analysis), and the --min-score filter that drops the entities scored below a threshold."""
+corpus tagging, the analysis), the --min-score filter that drops the entities scored below a threshold, and a
+text's confidence in its whole tag sequence (what ner.select and Label Studio's uncertainty sampling rank by)."""
 
 from __future__ import annotations
 
@@ -41,6 +42,18 @@ def entity_score(probs: np.ndarray, first: int, last: int) -> float:
     """The score of the entity on words first..last: the mean probability of its tags, to 4 places (what a user
     reads, so --min-score compares against the same number)."""
     return round(float(probs[first:last + 1].mean()), 4)
+
+
+def text_confidence(probs: np.ndarray) -> float:
+    """How sure the model is of a text's whole decoded tag sequence, entities or none: the geometric mean of its
+    words' tag probabilities, exp of the path's length-normalised log-probability (MNLP, Shen et al. 2017), to 4
+    places; 1.0 for a text without words. Low means unsure. Normalised by length, so a long text is not unsure
+    for being long: ner.select's budget counts words. docs/active_learning.md measures it against the least
+    confident word."""
+    if len(probs) == 0:
+        return 1.0
+    log_probs = np.log(np.maximum(probs.astype(np.float64), np.finfo(np.float32).tiny))
+    return round(float(np.exp(log_probs.mean())), 4)
 
 
 def word_positions(words: list[str]) -> list[Word]:

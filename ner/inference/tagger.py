@@ -35,7 +35,7 @@ from ner.data.tokenizer import load_tokenizer
 from ner.errors import UserError
 from ner.extras import require
 from ner.inference.decode import Decoder
-from ner.inference.entities import drop_below, entities
+from ner.inference.entities import drop_below, entities, text_confidence
 from ner.inference.model_folder import ModelSettings, max_positions, model_labels, read_model_json
 from ner.inference.onnx_runtime import OnnxRuntime
 from ner.inference.openvino_runtime import OpenVinoRuntime
@@ -198,7 +198,8 @@ class Tagger:
                 max_tokens: int | None = None, progress: Progress = no_progress,
                 splitter: Callable[[str], list[Word]] = split_words,
                 words: list[list[Word]] | None = None) -> list[dict]:
-        """{"entities": [{"text", "type", "start", "end", "score"}]} per raw text; offsets are characters
+        """{"entities": [{"text", "type", "start", "end", "score"}], "confidence"} per raw text (entities.
+        text_confidence: low = unsure, also for a text with no entity); offsets are characters
         (end exclusive) and `text == texts[i][start:end]`. Each text is one document: tagged with document
         context where the model was trained with it, and windowed where longer than a window (cutting
         texts into sentences first measured no better: docs/raw_text.md). `splitter`: for comparisons.
@@ -207,4 +208,5 @@ class Tagger:
         examples = [Example([w for w, _, _ in words], ["O"] * len(words), "<text>", document=i)
                     for i, words in enumerate(split)]
         tags, probs = self.tag(examples, max_sentences, max_tokens, progress)
-        return [{"entities": entities(t, p, words, text)} for text, words, t, p in zip(texts, split, tags, probs)]
+        return [{"entities": entities(t, p, words, text), "confidence": text_confidence(p)}
+                for text, words, t, p in zip(texts, split, tags, probs)]

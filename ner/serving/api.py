@@ -44,6 +44,8 @@ class Entity(BaseModel):
 class Entities(BaseModel):
     model_config = EXACT
     entities: list[Entity]
+    confidence: float = Field(description="how sure the model is of the text's whole tag sequence, entities or "
+                                          "none: the geometric mean of its words' tag probabilities; low = unsure")
 
 
 class Results(BaseModel):

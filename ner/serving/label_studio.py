@@ -133,17 +133,18 @@ def task_texts(tasks: object, field: str) -> list[str]:
     return texts
 
 
-def task_result(entities: list[dict], target: Target, mapping: dict[str, str], model_version: str,
+def task_result(result: dict, target: Target, mapping: dict[str, str], model_version: str,
                 dropped: Counter) -> dict:
-    """One task's prediction: the entities whose type the project has, as Label Studio `labels` regions."""
+    """One task's prediction from Tagger.predict's `result`: the entities whose type the project has, as Label
+    Studio `labels` regions, scored by the text's confidence."""
     kept = []
-    for entity in entities:
+    for entity in result["entities"]:
         label = mapping.get(entity["type"])
         if label is None:
             dropped[entity["type"]] += 1
         else:
             kept.append({**entity, "type": label})
-    return label_studio_prediction(kept, model_version, target.from_name, target.to_name)
+    return label_studio_prediction(kept, result["confidence"], model_version, target.from_name, target.to_name)
 
 
 def parse_json_object(body: bytes) -> dict:
@@ -199,7 +200,7 @@ class LabelStudioModel:
         results, version, types = await self.tag_consistently(texts)
         mapping = map_types(types, target.labels)
         dropped: Counter = Counter()
-        answer = [task_result(r["entities"], target, mapping, version, dropped) for r in results]
+        answer = [task_result(r, target, mapping, version, dropped) for r in results]
         if dropped:
             log.info("project %s: dropped %d entities of types the project's <Labels %s> lacks: %s",
                      payload.get("project"), sum(dropped.values()), target.from_name, dict(dropped))

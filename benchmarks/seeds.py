@@ -5,7 +5,8 @@
     python -m benchmarks.seeds --seeds 1 2 3 --out seeds_out/conll-sentence --rescore argmax \\
         -- --config scripts/conll2003.yaml --context none
 
-Everything after `--` goes to `python -m ner.train`, or to `--trainer MODULE` (each seed adds `--seed S --output-dir OUT/seed_S`).
+Everything after `--` goes to `python -m ner.train`, or to `--trainer MODULE` (each seed adds `--seed S
+--output-dir OUT/seed_S`).
 Each run's own scores come from its export's metrics.json (the decoding it was trained with);
 `--rescore argmax|viterbi` also scores every export's validation and test files with that decoding
 through `ner.evaluate` (same weights, so it isolates the decoder). Per run it records wall time,

@@ -8,7 +8,6 @@ import math
 
 import numpy as np
 import pytest
-
 from conftest import needs
 
 from ner.data.conll import read_conll

@@ -244,7 +244,7 @@ def test_layout_doc_names_every_module():
 # ner/ grouped by job (docs/layout.md). Imports run one way: a group may import only the groups listed
 # for it. Commands (`python -m ner.X`, the modules at the top) wire the groups together and may import any.
 SHARED = {"ner.errors", "ner.process", "ner.extras", "ner.cpu", "ner.files", "ner.metrics", "ner.testing"}
-COMMANDS = {"ner", "ner.train", "ner.predict", "ner.evaluate", "ner.export", "ner.serve", "ner.plot"}
+COMMANDS = {"ner", "ner.train", "ner.predict", "ner.select", "ner.evaluate", "ner.export", "ner.serve", "ner.plot"}
 MAY_IMPORT = {
     "shared": {"shared"},
     "data": {"shared", "data"},

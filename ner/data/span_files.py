@@ -120,7 +120,7 @@ def read_span_jsonl(path: Path, records: Iterable[tuple[int, object]], document_
     return out
 
 
-def _task_text(data: dict, where: str) -> str:
+def task_text(data: dict, where: str) -> str:
     """The task's text: data["text"], or its only string."""
     if isinstance(data.get("text"), str):
         return data["text"]
@@ -165,7 +165,7 @@ def read_label_studio(path: Path, tasks: object) -> list[SpanRecord]:
                 spans += parse_spans([value], where)
             else:
                 ignored[str(result.get("type") if isinstance(result, dict) else type(result).__name__)] += 1
-        out.append(SpanRecord(_task_text(task["data"], where), spans, where, None, task.get("id", index)))
+        out.append(SpanRecord(task_text(task["data"], where), spans, where, None, task.get("id", index)))
     if choices:
         log.info("%s: %d tasks have several annotations; took the latest of each: %s%s", path, len(choices),
                  "; ".join(choices[:10]), "; ..." if len(choices) > 10 else "")

@@ -274,10 +274,10 @@ def entities_record(record: dict, result: dict) -> dict:
     return {**_without_spans(record), "entities": entities, "confidence": result["confidence"]}
 
 
-def label_studio_task(record: dict, result: dict, model_version: str) -> dict:
+def label_studio_task(record: dict, result: dict, model_version: str, cluster: int | None = None) -> dict:
     """A Label Studio task holding a raw-text result of Tagger.predict as a prediction to correct (the
-    `label`/`text` names of its Named Entity Recognition template)."""
-    prediction = label_studio_prediction(result["entities"], result["confidence"], model_version)
+    `label`/`text` names of its Named Entity Recognition template); `cluster`: ner.select's."""
+    prediction = label_studio_prediction(result["entities"], result["confidence"], model_version, cluster=cluster)
     return {"data": _without_spans(record), "predictions": [prediction]}
 
 

@@ -3,7 +3,8 @@ ner.evaluate, ner.serve and corpus tagging. Imports data, backends and the share
 
     tagger.py       Tagger (load an exported model, tag words or raw text), the batched forward, windows -> words
     model_folder.py what an export says: how it was trained, its labels and length limit, its version
-    entities.py     tagged words -> entities with scores, the --min-score filter
+    entities.py     tagged words -> entities with scores, the --min-score filter, a text's confidence
+    selection.py    what to annotate next (ner.select, Label Studio): least confident texts over clusters, a budget
     options.py      the inference options (--runtime, --max-seq-length, ...), per-device forward budgets, and the
                     runtime --runtime auto picks by CPU class (one table of measurements)
     runtime.py      what every runtime (torch, ONNX, OpenVINO) keeps to: the call, passes in order or at once

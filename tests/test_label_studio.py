@@ -358,7 +358,7 @@ def test_a_swap_during_a_request_tags_it_again_with_the_new_model(tagger, random
         calls.append(served.version)
         if len(calls) == 1:  # the model is replaced while this batch runs
             served.swap(tagger, tmp_path / "new", "new@00000000")
-        return [{"entities": []} for _ in texts]
+        return [{"entities": [], "confidence": 1.0} for _ in texts]
 
     served = LabelStudioModel(tag, random_model, ["PER"], on_swap=lambda new, model_dir: None)
     answer = asyncio.run(served.predict({"tasks": tasks_of(["a"]), "label_config": NER_CONFIG}))
@@ -372,7 +372,7 @@ class Renamed:
     id2label = {0: "O", 1: "B-MISC", 2: "I-MISC"}
 
     def predict(self, texts: list[str], words=None) -> list[dict]:
-        return [{"entities": []} for _ in texts]
+        return [{"entities": [], "confidence": 1.0} for _ in texts]
 
 
 def test_health_names_the_model_a_retraining_swapped_in(tagger, random_model, tmp_path):

@@ -290,9 +290,9 @@ def test_start_training_fine_tunes_the_served_model_and_swaps_it_in(retraining_a
         assert started.json() == {"status": "ok", "training": True}
         status = wait_for_training(client)
         assert status["status"] == "done", status
-        [request] = seen
+        request = seen[0]  # then the predictions for uncertainty sampling, which this stand-in cannot take
         assert str(request.url) == "http://label-studio.test/api/projects/5/export?exportType=JSON"
-        assert request.headers["authorization"] == "Token tok"
+        assert all(r.url.host == "label-studio.test" and r.headers["authorization"] == "Token tok" for r in seen)
         new_dir = Path(status["output_dir"]) / "final"
         assert new_dir.parent.parent == tmp_path / "runs" and (new_dir.parent / "export.json").is_file()
         after = model_version(new_dir)
@@ -858,3 +858,134 @@ def test_a_prune_never_removes_a_run_another_server_of_the_same_model_folder_ser
     apps[1].state.label_studio.retrainer.served_run.release()  # that server serves it no more
     apps[0].state.label_studio.retrainer.prune()
     assert not served_by_other.exists() and not (served_by_other / retrain.SERVED_LOCK).exists()
+
+
+# -- uncertainty sampling: after a swap, the project's unlabelled tasks get predictions of the new model ----------
+
+class FakeLabelStudio:
+    """Label Studio's API as the retrainer uses it, over an httpx mock transport: a project's settings and export
+    (every task, or the annotated ones only), POST /api/predictions and PATCH /api/projects/ID. Every request is
+    kept; `failing`: a path answered 500."""
+
+    def __init__(self, project: int, tasks: list[dict], failing: str | None = None) -> None:
+        self.project, self.tasks, self.failing = project, tasks, failing
+        self.requests: list[httpx.Request] = []
+        self.predictions: list[dict] = []
+        self.patches: list[dict] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        path, project = request.url.path, f"/api/projects/{self.project}"
+        if path == self.failing:
+            return httpx.Response(500, text="Server Error")
+        if (request.method, path) == ("GET", project):
+            return httpx.Response(200, json={"id": self.project, "label_config": NER_CONFIG})
+        if (request.method, path) == ("GET", f"{project}/export"):
+            every = request.url.params.get("download_all_tasks") == "true"
+            return httpx.Response(200, json=[t for t in self.tasks if every or t["annotations"]])
+        if (request.method, path) == ("POST", "/api/predictions"):
+            self.predictions.append(json.loads(request.content))
+            return httpx.Response(201, json={"id": len(self.predictions), **self.predictions[-1]})
+        if (request.method, path) == ("PATCH", project):
+            self.patches.append(json.loads(request.content))
+            return httpx.Response(200, json={"id": self.project, **self.patches[-1]})
+        return httpx.Response(404, json={"detail": "Not found."})
+
+
+def sampling_tasks() -> list[dict]:
+    """An annotated export (ner.train's data) and, after it, tasks without annotations: one skipped by an annotator
+    (a cancelled annotation: Label Studio hands it out again), one with no text in its data."""
+    from conftest import make_sentences
+
+    tasks = label_studio_export(make_sentences(8, seed=5))
+    open_texts = [*TEXTS, "Alan Turing met Grace Hopper.", "Acme Corp hired Ada Lovelace in London."]
+    for i, text in enumerate(open_texts):
+        tasks.append({"id": 100 + i, "data": {"text": text}, "annotations": []})
+    tasks[-1]["annotations"] = [{"id": 999, "was_cancelled": True, "result": []}]
+    tasks.append({"id": 200, "data": {"image": "x.png"}, "annotations": []})
+    return tasks
+
+
+def sampling_app(tagger, random_model, label_studio: FakeLabelStudio):
+    """A server whose training is fake (a copy of the model with other weights: a new model_version) and whose
+    swap loads the same tagger, so a test runs in seconds."""
+    app = create_app(tagger, random_model, Limits(max_texts=3), label_studio=True)
+    app.state.label_studio.retrainer.transport = httpx.MockTransport(label_studio)
+    app.state.label_studio.retrainer.train = fake_ner_train(random_model)
+    app.state.label_studio.load_tagger = lambda model_dir: tagger
+    return app
+
+
+def retrain_through_webhook(client, project: int) -> dict:
+    started = client.post("/label-studio/webhook", json={"action": "START_TRAINING", "project": {"id": project}})
+    assert started.json()["training"] is True
+    return wait_for_training(client, timeout_s=60)
+
+
+def test_after_a_swap_every_unlabelled_task_gets_a_prediction_of_the_new_model(tagger, random_model,
+                                                                               retraining_env):
+    """Each task without an annotation (a skipped one included), and no other, gets one prediction of the model
+    just swapped in: its score the text's confidence, its cluster the pool's; the project then names that
+    model_version, which Label Studio's uncertainty sampling filters predictions by. Max 3 texts per request: the
+    pool is tagged in parts, as POST /predict would take it."""
+    from ner.serving.label_studio import text_clusters
+
+    tasks = sampling_tasks()
+    label_studio = FakeLabelStudio(5, tasks)
+    with TestClient(sampling_app(tagger, random_model, label_studio)) as client:
+        before = client.get("/label-studio/health").json()["model_version"]
+        status = retrain_through_webhook(client, 5)
+        health = client.get("/label-studio/health").json()
+    after = status["model_version"]
+    assert status["status"] == "done" and after != before and health["model_version"] == after
+    open_tasks = [t for t in tasks if not any(not a.get("was_cancelled") for a in t["annotations"])
+                  and "text" in t["data"]]
+    assert len(open_tasks) == len(TEXTS) + 2
+    assert status["predicted_tasks"] == health["training"]["predicted_tasks"] == len(open_tasks)
+    assert [p["task"] for p in label_studio.predictions] == [t["id"] for t in open_tasks]  # labelled ones: none
+    texts = [t["data"]["text"] for t in open_tasks]
+    confidence = [r["confidence"] for r in tagger.predict(texts)]
+    clusters = text_clusters(texts)
+    assert len(set(clusters)) > 1
+    for prediction, score, cluster in zip(label_studio.predictions, confidence, clusters):
+        assert prediction["model_version"] == after
+        assert prediction["score"] == score and isinstance(prediction["cluster"], int)
+        assert prediction["cluster"] == cluster
+        assert all((r["from_name"], r["to_name"]) == ("label", "text") for r in prediction["result"])
+    assert any(p["result"] for p in label_studio.predictions)
+    assert label_studio.patches == [{"model_version": after}]
+    assert all(r.url.host == "label-studio.test" and r.headers["authorization"] == "Token tok"
+               for r in label_studio.requests)
+
+
+def test_the_pool_is_bounded_and_what_is_left_out_is_logged(tagger, random_model, retraining_env, monkeypatch,
+                                                            caplog):
+    monkeypatch.setenv("NER_RETRAIN_PREDICT_MAX", "2")
+    tasks = sampling_tasks()
+    tasks.append({"id": 300, "data": {"text": "x" * (Limits().max_text_chars + 1)}, "annotations": []})
+    label_studio = FakeLabelStudio(5, tasks)
+    with TestClient(sampling_app(tagger, random_model, label_studio)) as client, \
+            caplog.at_level(logging.INFO, logger="ner.serving.label_studio"):
+        status = retrain_through_webhook(client, 5)
+    assert status["predicted_tasks"] == 2 and [p["task"] for p in label_studio.predictions] == [100, 101]
+    assert "2 unlabelled tasks predicted" in caplog.text
+    for why in ("1 without a text in data.text", "1 over --max-text-chars", "4 over NER_RETRAIN_PREDICT_MAX"):
+        assert why in caplog.text
+
+
+@pytest.mark.parametrize("failing", ["/api/projects/5", "/api/predictions"])
+def test_a_failing_label_studio_is_logged_in_one_line_and_the_new_model_is_served(tagger, random_model,
+                                                                                  retraining_env, caplog, failing):
+    label_studio = FakeLabelStudio(5, sampling_tasks(), failing=failing)
+    with TestClient(sampling_app(tagger, random_model, label_studio)) as client, \
+            caplog.at_level(logging.WARNING, logger="ner.serving.retrain"):
+        status = retrain_through_webhook(client, 5)
+        [answer] = predict(client, [TEXTS[0]])
+        health = client.get("/label-studio/health").json()
+    assert status["status"] == "done" and status["predicted_tasks"] is None
+    assert health["training"] == {"status": "done", "project": 5, "model_version": status["model_version"],
+                                  "predicted_tasks": None}
+    assert answer["model_version"] == status["model_version"]  # the swap stands: serving goes on
+    assert label_studio.patches == []  # the project keeps naming the model whose predictions it holds
+    [warning] = [r for r in caplog.records if "uncertainty sampling" in r.getMessage()]
+    assert "500" in warning.getMessage() and "\n" not in warning.getMessage() and warning.exc_info is None

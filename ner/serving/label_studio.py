@@ -23,12 +23,18 @@ never changes where the key goes), `python -m ner.train` fine-tunes the served m
 process, and the new export is loaded off the event loop with the server's own options and swapped in with
 one assignment, in every worker (retrain.py: RetrainOptions and Retrainer say how it is bounded).
 
+Uncertainty sampling: after each swap, the worker that trained gives every task of the project without an
+annotation a prediction of the new model (predict_project: score = the text's confidence, cluster = the pool's),
+written through Label Studio's API at LABEL_STUDIO_URL, and makes it the project's model_version; Label Studio's
+*Uncertainty sampling* then hands out the least confident task under the model now served.
+
 The label config is parsed with defusedxml where it is installed, else with the standard library's
 ElementTree after refusing any <!DOCTYPE>/<!ENTITY> (a label config needs neither, and entity
 definitions are what entity-expansion attacks need).
 """
 
 
+import asyncio
 import json
 import logging
 import os
@@ -39,7 +45,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ner.data.spans import label_studio_prediction
+from ner.data.text import split_words
 from ner.inference.model_folder import model_version
+from ner.inference.selection import pool_clusters
 from ner.serving.requests import Limits, check_texts, read_body
 from ner.serving.retrain import SESSION_ENV, Retrainer, RetrainOptions
 
@@ -134,9 +142,9 @@ def task_texts(tasks: object, field: str) -> list[str]:
 
 
 def task_result(result: dict, target: Target, mapping: dict[str, str], model_version: str,
-                dropped: Counter) -> dict:
+                dropped: Counter, cluster: int | None = None) -> dict:
     """One task's prediction from Tagger.predict's `result`: the entities whose type the project has, as Label
-    Studio `labels` regions, scored by the text's confidence."""
+    Studio `labels` regions, scored by the text's confidence, in `cluster` where given."""
     kept = []
     for entity in result["entities"]:
         label = mapping.get(entity["type"])
@@ -144,7 +152,8 @@ def task_result(result: dict, target: Target, mapping: dict[str, str], model_ver
             dropped[entity["type"]] += 1
         else:
             kept.append({**entity, "type": label})
-    return label_studio_prediction(kept, result["confidence"], model_version, target.from_name, target.to_name)
+    return label_studio_prediction(kept, result["confidence"], model_version, target.from_name, target.to_name,
+                                   cluster)
 
 
 def parse_json_object(body: bytes) -> dict:
@@ -194,17 +203,88 @@ class LabelStudioModel:
         log.info("now serving %s (model_version %s)", model_dir, version)
 
     async def predict(self, payload: dict) -> dict:
+        """POST /predict. No `cluster`: Label Studio keeps only a prediction's result, score and model_version from
+        a backend's answer, and clusters of one request's texts would not be the pool's (predict_project's)."""
         target = parse_label_config(payload.get("label_config"))
-        texts = task_texts(payload.get("tasks"), target.field)
+        return {"results": await self.predict_tasks(payload.get("tasks"), target, payload.get("project"))}
+
+    async def predict_tasks(self, tasks: object, target: Target, project: object,
+                            clusters: list[int] | None = None) -> list[dict]:
+        """One prediction per task, in order, under the server's limits; `clusters`: one per task, or none."""
+        texts = task_texts(tasks, target.field)
         check_texts(texts, self.limits.max_texts, self.limits.max_text_chars)
         results, version, types = await self.tag_consistently(texts)
         mapping = map_types(types, target.labels)
         dropped: Counter = Counter()
-        answer = [task_result(r, target, mapping, version, dropped) for r in results]
+        answer = [task_result(r, target, mapping, version, dropped, None if clusters is None else clusters[i])
+                  for i, r in enumerate(results)]
         if dropped:
             log.info("project %s: dropped %d entities of types the project's <Labels %s> lacks: %s",
-                     payload.get("project"), sum(dropped.values()), target.from_name, dict(dropped))
-        return {"results": answer}
+                     project, sum(dropped.values()), target.from_name, dict(dropped))
+        return answer
+
+    async def predict_project(self, client, project: int, max_tasks: int) -> int:
+        """Uncertainty sampling under the served model: a prediction of it (score: the text's confidence; cluster:
+        the pool's, pool_clusters) for each of the first `max_tasks` tasks of `project` that have no annotation,
+        written into Label Studio through `client` (LABEL_STUDIO_URL's, with its key), then the project's
+        model_version made the served one, which Label Studio's next-task choice filters predictions by. Returns
+        the number of tasks given a prediction; raises on any failure of Label Studio's API."""
+        version = self.version
+        settings = await label_studio_json(client, "GET", f"/api/projects/{project}")
+        target = parse_label_config(settings.get("label_config") if isinstance(settings, dict) else None)
+        export = await label_studio_json(client, "GET", f"/api/projects/{project}/export",
+                                         params={"exportType": "JSON", "download_all_tasks": "true"})
+        tasks, left_out = pool_tasks(export, target.field, self.limits.max_text_chars, max_tasks)
+        clusters = await asyncio.to_thread(text_clusters, [task["data"][target.field] for task in tasks])
+        for start in range(0, len(tasks), self.limits.max_texts):  # as many texts as one POST /predict takes
+            chunk = tasks[start:start + self.limits.max_texts]
+            predictions = await self.predict_tasks(chunk, target, project, clusters[start:start + len(chunk)])
+            if any(p["model_version"] != version for p in predictions):
+                raise RuntimeError(f"the served model changed from {version} while its predictions were written")
+            for task, prediction in zip(chunk, predictions):
+                await label_studio_json(client, "POST", "/api/predictions", json={**prediction, "task": task["id"]})
+        if tasks:  # Label Studio refuses a model_version that no prediction and no backend title has
+            await label_studio_json(client, "PATCH", f"/api/projects/{project}", json={"model_version": version})
+        log.info("project %s: %d unlabelled tasks predicted by %s for uncertainty sampling%s", project, len(tasks),
+                 version, "".join(f"; {count} {why}" for why, count in left_out.items() if count))
+        return len(tasks)
+
+
+async def label_studio_json(client, method: str, path: str, **kwargs):
+    """Label Studio's JSON answer to one API call; an HTTP error raises with its status, path and answer."""
+    response = await client.request(method, path, **kwargs)
+    if response.is_error:
+        answer = " ".join(response.text.split())[:200]
+        raise RuntimeError(f"Label Studio answered {response.status_code} to {method} {path}: {answer}")
+    return response.json()
+
+
+def pool_tasks(export: object, field: str, max_text_chars: int, max_tasks: int) -> tuple[list[dict], Counter]:
+    """The tasks of a Label Studio JSON export that no annotation covers (a skipped one, `was_cancelled`, counts as
+    none: Label Studio hands the task out again), whose data[field] is a text of at most `max_text_chars`, the first
+    `max_tasks` by id; and how many were left out and why (never silently)."""
+    if not isinstance(export, list):
+        raise ValueError(f"the project's export is a {type(export).__name__}, not a list of tasks")
+    left_out: Counter = Counter()
+    kept = []
+    for task in sorted(export, key=lambda t: t.get("id") or 0):
+        if any(not a.get("was_cancelled") for a in task.get("annotations") or []):
+            continue
+        text = (task.get("data") or {}).get(field)
+        if not isinstance(text, str):
+            left_out[f"without a text in data.{field}"] += 1
+        elif len(text) > max_text_chars:
+            left_out["over --max-text-chars"] += 1
+        elif len(kept) >= max_tasks:
+            left_out["over NER_RETRAIN_PREDICT_MAX"] += 1
+        else:
+            kept.append(task)
+    return kept, left_out
+
+
+def text_clusters(texts: list[str]) -> list[int]:
+    """pool_clusters over the texts' words: one cluster id per text, the same for the same texts in any process."""
+    return [int(c) for c in pool_clusters([[word for word, _, _ in split_words(text)] for text in texts])]
 
 
 def project_id(project: object) -> int | None:

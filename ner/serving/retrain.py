@@ -50,6 +50,9 @@ class RetrainOptions:
     timeout_s: float = 3600.0  # NER_RETRAIN_TIMEOUT_S: ner.train is killed after this
     min_interval_s: float = 60.0  # NER_RETRAIN_MIN_INTERVAL_S: from one training's start to the next one's
     keep_runs: int = 3  # NER_RETRAIN_KEEP: run folders kept (the served one always)
+    # NER_RETRAIN_PREDICT_MAX: after a swap, at most this many unlabelled tasks get a prediction of the new model, for
+    # uncertainty sampling (the pool's clusters hold a 2,048-wide vector per task: 8 KiB); 0: none
+    predict_max_tasks: int = 10_000
 
     @classmethod
     def from_env(cls, model_dir: Path) -> "RetrainOptions":
@@ -60,7 +63,8 @@ class RetrainOptions:
                    every=_env_number("NER_RETRAIN_EVERY", 0, int, minimum=0),
                    timeout_s=_env_number("NER_RETRAIN_TIMEOUT_S", cls.timeout_s, float, minimum=1),
                    min_interval_s=_env_number("NER_RETRAIN_MIN_INTERVAL_S", cls.min_interval_s, float, minimum=0),
-                   keep_runs=_env_number("NER_RETRAIN_KEEP", cls.keep_runs, int, minimum=1))
+                   keep_runs=_env_number("NER_RETRAIN_KEEP", cls.keep_runs, int, minimum=1),
+                   predict_max_tasks=_env_number("NER_RETRAIN_PREDICT_MAX", cls.predict_max_tasks, int, minimum=0))
 
 
 def check_can_retrain(runtime: str | None, options: RetrainOptions) -> None:
@@ -263,7 +267,8 @@ class Retrainer:
                 raise RuntimeError(f"ner.train exited with {returncode}; see {run_dir / 'train.log'}")
             await self.load_and_swap(run_dir / "final")
             self.publish(run_dir / "final")
-            outcome = {"status": "done", "model_version": self.served.version}
+            outcome = {"status": "done", "model_version": self.served.version,
+                       "predicted_tasks": await self.predict_unlabelled(project)}
         except Exception as exc:  # the served model stays; the reason is logged (public_status says only "failed")
             log.exception("training for project %s failed", project)
             outcome = {"status": "failed", "error": str(exc)}
@@ -280,7 +285,8 @@ class Retrainer:
     def public_status(self) -> dict:
         """The last training as the open /label-studio/health shows it: its state, never its error text or run
         folder (an httpx error names LABEL_STUDIO_URL; paths describe the server): run() logs those."""
-        shown = {key: value for key, value in self.last.items() if key in ("status", "project", "model_version")}
+        shown = {key: value for key, value in self.last.items()
+                 if key in ("status", "project", "model_version", "predicted_tasks")}
         if shown["status"] == "failed":
             shown["error"] = "the training failed; the server's log says why"
         return shown
@@ -298,11 +304,29 @@ class Retrainer:
                 continue
         raise RuntimeError(f"{self.options.runs_dir}: no free run folder name for {name}")
 
-    async def fetch_export(self, project: int, path: Path) -> Path:
+    def label_studio_client(self):
+        """An HTTP client for LABEL_STUDIO_URL with LABEL_STUDIO_API_KEY: the one address the key is sent to."""
         import httpx
 
-        async with httpx.AsyncClient(base_url=self.options.url, transport=self.transport, timeout=300,
-                                     headers={"Authorization": f"Token {self.options.api_key}"}) as client:
+        return httpx.AsyncClient(base_url=self.options.url, transport=self.transport, timeout=300,
+                                 headers={"Authorization": f"Token {self.options.api_key}"})
+
+    async def predict_unlabelled(self, project: int) -> int | None:
+        """The project's unlabelled tasks get predictions of the model just swapped in (LabelStudioModel.
+        predict_project): how many, or None where Label Studio's API failed, which is logged in one line; the new
+        model is served either way."""
+        if not self.options.predict_max_tasks:
+            return 0
+        try:
+            async with self.label_studio_client() as client:
+                return await self.served.predict_project(client, project, self.options.predict_max_tasks)
+        except Exception as exc:  # Label Studio down, a project deleted: sampling waits for the next swap
+            log.warning("project %s: no predictions of %s written for uncertainty sampling: %s: %s", project,
+                        self.served.version, type(exc).__name__, " ".join(str(exc).split()))  # one line
+            return None
+
+    async def fetch_export(self, project: int, path: Path) -> Path:
+        async with self.label_studio_client() as client:
             response = await client.get(f"/api/projects/{project}/export", params={"exportType": "JSON"})
             response.raise_for_status()
         path.write_bytes(response.content)

@@ -105,6 +105,7 @@ def backend(random_model, tmp_path_factory, label_studio):
     log_path = tmp_path_factory.mktemp("serve") / "serve.log"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1",
            "NER_RETRAIN_DIR": str(log_path.parent / "retrained"), "NER_RETRAIN_ARGS": TINY_TRAINING,
+           "NER_RETRAIN_MIN_INTERVAL_S": "0",  # the sampling test retrains again within a minute
            "LABEL_STUDIO_URL": label_studio[1], "LABEL_STUDIO_API_KEY": TOKEN}
     with open(log_path, "w") as log_file:
         process = subprocess.Popen(python_module("ner.serve", str(random_model), "--port", str(port),
@@ -163,9 +164,7 @@ def test_label_studio_gets_predictions_from_ner_serve_then_its_export_trains(lab
     assert connected.status_code == 201, connected.text
     assert connected.json()["readable_state"] == "Connected" and connected.json()["model_version"] == version
 
-    action = client.post("/api/dm/actions", params={"id": "retrieve_tasks_predictions", "project": project_id},
-                         json={"selectedItems": {"all": True, "excluded": []}})
-    assert action.status_code == 200, action.text
+    retrieve_predictions(client, project_id)
     tasks = client.get("/api/tasks", params={"project": project_id, "fields": "all", "page_size": 100}).json()
     tasks = sorted(tasks["tasks"], key=lambda t: t["id"])
     assert [t["data"]["text"] for t in tasks] == [text for text, _ in gold]
@@ -194,7 +193,15 @@ def test_label_studio_gets_predictions_from_ner_serve_then_its_export_trains(lab
     assert len(json.loads(export.text)) == len(gold)
     assert "webhook ANNOTATION_CREATED" in serve_log.read_text()  # Label Studio's webhook reached ner.serve
 
-    retrain_through_label_studio(client, project_id, backend_url, version, tasks)
+    status = retrain_through_label_studio(client, project_id, backend_url, version)
+    assert status["predicted_tasks"] == 0  # every task is annotated: none is left for uncertainty sampling
+    for task in tasks:
+        versions = [p["model_version"] for p in client.get(f"/api/tasks/{task['id']}").json()["predictions"]]
+        assert status["model_version"] not in versions, versions  # labelled tasks are left alone
+    retrieve_predictions(client, project_id)
+    for task in tasks:
+        versions = [p["model_version"] for p in client.get(f"/api/tasks/{task['id']}").json()["predictions"]]
+        assert status["model_version"] in versions, versions
 
     out = tmp_path / "run"
     trained = run_cli(python_module("ner.train", "--model", str(tiny_bert), "--train-file", str(export_file),
@@ -210,21 +217,103 @@ def test_label_studio_gets_predictions_from_ner_serve_then_its_export_trains(lab
     assert scores["support"] == sum(len(spans) for _, spans in gold), scores  # every annotated entity scored
 
 
-def retrain_through_label_studio(client, project_id: int, backend_url: str, version: str, tasks: list[dict]) -> None:
+def retrieve_predictions(client, project_id: int) -> None:
+    """The data manager's *Actions > Retrieve Predictions* on every task: Label Studio calls /label-studio/predict."""
+    action = client.post("/api/dm/actions", params={"id": "retrieve_tasks_predictions", "project": project_id},
+                         json={"selectedItems": {"all": True, "excluded": []}})
+    assert action.status_code == 200, action.text
+
+
+def retrain_through_label_studio(client, project_id: int, backend_url: str, version: str) -> dict:
     """*Start Training* in Label Studio: ner.serve fetches the export from LABEL_STUDIO_URL with its token,
-    fine-tunes, swaps; Label Studio then gets predictions of the new version."""
+    fine-tunes, swaps, and writes predictions of the new version for the unlabelled tasks; its training status."""
     [ml] = client.get("/api/ml", params={"project": project_id}).json()
     started = client.post(f"/api/ml/{ml['id']}/train", json={})
     assert started.status_code == 200, started.text
     deadline = time.monotonic() + 300
-    while (status := httpx.get(f"{backend_url}/health").json()["training"])["status"] in ("idle", "training"):
+    while True:  # until this training ends (an earlier one's "done" names `version`)
+        status = httpx.get(f"{backend_url}/health").json()["training"]
+        if status["status"] == "failed" or (status["status"] == "done" and status["model_version"] != version):
+            break
         assert time.monotonic() < deadline, status
         time.sleep(0.5)
     assert status["status"] == "done", status
     assert status["model_version"] != version
-    action = client.post("/api/dm/actions", params={"id": "retrieve_tasks_predictions", "project": project_id},
-                         json={"selectedItems": {"all": True, "excluded": []}})
-    assert action.status_code == 200, action.text
+    return status
+
+
+def scores_of(backend_url: str, tasks: list[dict]) -> dict[int, float]:
+    """Task id -> the score ner.serve gives its text (its confidence), asked of ner.serve itself."""
+    answer = httpx.post(f"{backend_url}/predict", json={"tasks": tasks, "label_config": LABEL_CONFIG}, timeout=120)
+    assert answer.status_code == 200, answer.text
+    scores = {task["id"]: result["score"] for task, result in zip(tasks, answer.json()["results"])}
+    assert len(set(scores.values())) > len(scores) // 2, scores  # a random pick would rarely be the least sure
+    return scores
+
+
+def next_task(client, project_id: int) -> dict:
+    """The task Label Studio hands the annotator next (and locks for them until they annotate it)."""
+    answer = client.get(f"/api/projects/{project_id}/next")
+    assert answer.status_code == 200, answer.text
+    return answer.json()
+
+
+def test_uncertainty_sampling_hands_out_the_task_ner_serve_is_least_sure_of_before_and_after_a_retrain(
+        label_studio, backend):
+    """A project with `sampling` "Uncertainty sampling" (set through the API): GET /api/projects/ID/next, as the
+    annotator, returns the unlabelled task whose prediction ner.serve scored least confident; after *Start
+    Training*, ner.serve has written predictions of the new model for every unlabelled task (with a cluster) and
+    made it the project's model_version, and /next follows the new model's scores, with no click in between."""
+    client, _ = label_studio
+    backend_url, _ = backend
+    sentences = make_sentences(60, seed=23)
+    gold = [gold_text(sentences[i:i + 2], "\n") for i in range(0, 24, 2)]  # 12 texts of 2 sentences each
+    project = client.post("/api/projects", json={"title": "sampling", "label_config": LABEL_CONFIG})
+    assert project.status_code == 201, project.text
+    project_id = project.json()["id"]
+    sampling = client.patch(f"/api/projects/{project_id}", json={"sampling": "Uncertainty sampling"})
+    assert sampling.status_code == 200 and sampling.json()["sampling"] == "Uncertainty sampling", sampling.text
+    imported = client.post(f"/api/projects/{project_id}/import", json=[{"text": text} for text, _ in gold])
+    assert imported.status_code == 201, imported.text
+    tasks = client.get("/api/tasks", params={"project": project_id, "page_size": 100}).json()["tasks"]
+    tasks = sorted(({"id": t["id"], "data": t["data"]} for t in tasks), key=lambda t: t["id"])
+    spans = {task["id"]: spans for task, (_, spans) in zip(tasks, gold)}
+    connected = client.post("/api/ml", json={"url": backend_url, "project": project_id, "title": "ner.serve"})
+    assert connected.status_code == 201, connected.text
+    version = connected.json()["model_version"]
+
+    # The model served before any retraining here: Label Studio's own *Retrieve Predictions*, then the project
+    # pointed at that version (Settings > Annotation > Live predictions: the model version; connecting names the
+    # backend's title instead, which no prediction carries, and uncertainty sampling then falls back to random).
+    retrieve_predictions(client, project_id)
+    pointed = client.patch(f"/api/projects/{project_id}", json={"model_version": version})
+    assert pointed.status_code == 200, pointed.text
+    scores = scores_of(backend_url, tasks)
+    assert scores[next_task(client, project_id)["id"]] == min(scores.values()), scores  # (a tie: either is right)
+
+    # The annotator labels half the tasks, in the order Label Studio hands them out; then *Start Training*.
+    labelled = set()
+    for _ in range(len(tasks) // 2):
+        task_id = next_task(client, project_id)["id"]
+        text = next(t["data"]["text"] for t in tasks if t["id"] == task_id)
+        made = client.post(f"/api/tasks/{task_id}/annotations",
+                           json={"result": [region(s, e, k, text) for s, e, k in spans[task_id]], "lead_time": 1.0})
+        assert made.status_code == 201, made.text
+        labelled.add(task_id)
+    assert len(labelled) == len(tasks) // 2
+    status = retrain_through_label_studio(client, project_id, backend_url, version)
+    new_version = status["model_version"]
+    unlabelled = [t for t in tasks if t["id"] not in labelled]
+    assert status["predicted_tasks"] == len(unlabelled)
+    assert client.get(f"/api/projects/{project_id}").json()["model_version"] == new_version
+
+    scores = scores_of(backend_url, unlabelled)
     for task in tasks:
-        versions = [p["model_version"] for p in client.get(f"/api/tasks/{task['id']}").json()["predictions"]]
-        assert status["model_version"] in versions, versions
+        predictions = client.get(f"/api/tasks/{task['id']}").json()["predictions"]
+        new = [p for p in predictions if p["model_version"] == new_version]
+        if task["id"] in labelled:
+            assert new == []  # left alone
+        else:
+            [prediction] = new
+            assert abs(prediction["score"] - scores[task["id"]]) < 1e-6 and isinstance(prediction["cluster"], int)
+    assert scores[next_task(client, project_id)["id"]] == min(scores.values()), scores

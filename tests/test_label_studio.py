@@ -713,7 +713,7 @@ def test_a_second_training_within_the_minimum_interval_is_refused(tagger, random
 
 
 @pytest.mark.parametrize(("name", "value"), [("NER_RETRAIN_TIMEOUT_S", "soon"), ("NER_RETRAIN_KEEP", "0"),
-                                             ("NER_RETRAIN_EVERY", "-1")])
+                                             ("NER_RETRAIN_EVERY", "-1"), ("NER_RETRAIN_PREDICT_MAX", "-1")])
 def test_a_bad_retraining_setting_is_one_line_naming_it(tagger, random_model, monkeypatch, name, value):
     from ner.errors import UserError
 

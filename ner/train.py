@@ -16,8 +16,15 @@ folder) and OUTPUT_DIR/metrics.jsonl; with --plots its plots too (`python -m ner
 from __future__ import annotations
 
 import logging
+import os
 import sys
-from pathlib import Path
+
+if __name__ == "__main__" and not __package__:
+    # run as a file (`accelerate launch ner/train.py`), Python puts ner/ first on sys.path, where ner/select.py (the
+    # ner.select command) would be imported as the standard library's select: ner is imported as installed instead
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != os.path.dirname(os.path.abspath(__file__))]
+
+from pathlib import Path  # noqa: E402
 
 from ner.backends import Backend, launch
 from ner.backends.trackers import TrackerClaim

@@ -106,6 +106,11 @@ def sys_path_edits(source: str) -> list[str]:
     return [f"line {line}: {what}" for line, what in sorted(found)]
 
 
+# The one exception: ner/train.py run as a file (`accelerate launch ner/train.py`) takes its own folder off sys.path,
+# where Python puts it first, so that ner/select.py is not imported as the standard library's select
+RUN_AS_A_FILE = {"ner/train.py": ["line 25: sys.path", "line 25: sys.path"]}  # read and written on one line
+
+
 def test_nothing_edits_sys_path():
     offenders = {}
     for folder in ("ner", "benchmarks", "scripts", "tests"):
@@ -113,7 +118,15 @@ def test_nothing_edits_sys_path():
             found = sys_path_edits(path.read_text(encoding="utf-8"))
             if found:
                 offenders[str(path.relative_to(ROOT))] = found
-    assert offenders == {}
+    assert offenders == RUN_AS_A_FILE
+
+
+def test_ner_train_runs_as_a_file_beside_modules_named_as_the_standard_librarys():
+    shadowing = sorted(p.stem for p in (ROOT / "ner").glob("*.py") if p.stem in sys.stdlib_module_names)
+    assert shadowing == ["select"]  # a new one is fine where this test still passes; list it here
+    result = subprocess.run([sys.executable, "ner/train.py", "--help"], cwd=ROOT, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
 
 
 def test_the_sys_path_check_catches_both_forms():

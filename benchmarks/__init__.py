@@ -13,8 +13,11 @@
     python -m benchmarks.batch_independence MODEL_DIR ../shared/data/conll2003/train.txt  # fixed-shape plans
     python -m benchmarks.text_split --chars 100000                          # adversarial text vs prose
     python -m benchmarks.corpus_scaling MODEL_DIR ../shared/data/conll2003/train.txt --out scal/  # processes x threads
+    python -m benchmarks.batch_plan_before_buckets --help                   # ner.train with the plan before buckets
+    python -m benchmarks.confidence MODEL_DIR ../shared/data/conll2003/valid.txt --out conf/  # which confidence
+    python -m benchmarks.active_learning --out al/ --seeds 1 2 3            # ner.select against random choice
 
 Libraries (no entry point): `measure` (process time and memory, FLOPs, MFU, the matmul peak) and
 `report` (bench.json / bench.md of training_speed). Results: docs/performance.md, docs/context.md,
-docs/raw_text.md, docs/corpus.md.
+docs/raw_text.md, docs/corpus.md, docs/accuracy.md, docs/active_learning.md.
 """

@@ -306,7 +306,8 @@ def test_the_floor_loads_the_model_the_measured_runs_train(tmp_path, monkeypatch
 
 
 ENTRY_POINTS = ("training_speed", "baseline", "eval_speed", "inference", "inference_phases", "shapes", "seeds",
-                "startup", "batch_independence", "text_split", "corpus_scaling")
+                "startup", "batch_independence", "text_split", "corpus_scaling", "batch_plan_before_buckets",
+                "confidence", "active_learning")
 
 
 @pytest.mark.parametrize("name", ENTRY_POINTS)

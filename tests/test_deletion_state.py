@@ -144,7 +144,9 @@ class InProcessRetrainer(Retrainer):
     project's export answered by a stand-in for Label Studio."""
 
     def __init__(self, machine: DeletionMachine, runs_dir: Path) -> None:
-        options = RetrainOptions(url="http://label-studio.invalid", api_key="key", runs_dir=runs_dir, keep_runs=2)
+        # predict_max_tasks 0: no predictions written back after a swap (deletion is what this test is about)
+        options = RetrainOptions(url="http://label-studio.invalid", api_key="key", runs_dir=runs_dir, keep_runs=2,
+                                 predict_max_tasks=0)
         super().__init__(ServedModel(machine.assets.bert), options, session="stateful")
         self.transport = httpx.MockTransport(lambda request: httpx.Response(200, json=[]))
         self.machine, self.max_steps, self.failure = machine, 2, None

@@ -12,6 +12,7 @@ from conftest import needs
 
 from ner.data.conll import read_conll
 from ner.inference.entities import text_confidence
+from ner.inference.runtimes import TORCH
 from ner.inference.tagger import Tagger
 from ner.predict import main as predict_main
 
@@ -32,7 +33,7 @@ def test_confidence_is_the_geometric_mean_of_the_words_tag_probabilities():
 
 @pytest.fixture(scope="module")
 def tagger(random_model):
-    return Tagger(random_model, runtime="torch")
+    return Tagger(random_model, runtime=TORCH)
 
 
 def test_every_raw_text_result_has_a_confidence_with_or_without_entities(tagger):
@@ -63,7 +64,7 @@ def test_every_predict_format_carries_the_confidence(random_model, tagger, tiny_
     raw.write_text("\n".join(TEXTS) + "\n", encoding="utf-8")
     records = tmp_path / "texts.jsonl"
     records.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in enumerate(TEXTS)), encoding="utf-8")
-    common = [str(random_model), "--runtime", "torch", "--quiet"]
+    common = [str(random_model), "--runtime", TORCH, "--quiet"]
 
     assert predict_main([*common[:1], str(raw), *common[1:]]) == 0
     assert [r["confidence"] for r in lines_of(capsys)] == expected
@@ -86,7 +87,7 @@ def test_corpus_parts_carry_the_confidence(random_model, tagger, tmp_path, capsy
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(TEXTS) + "\n", encoding="utf-8")
     out = tmp_path / "tagged"
-    assert predict_main([str(random_model), str(corpus), "--output-dir", str(out), "--runtime", "torch",
+    assert predict_main([str(random_model), str(corpus), "--output-dir", str(out), "--runtime", TORCH,
                          "--quiet"]) == 0
     lines = [json.loads(line) for part in sorted(out.glob("part-*.jsonl")) for line in part.read_text().splitlines()]
     assert [r["confidence"] for r in lines] == [r["confidence"] for r in tagger.predict(TEXTS)]

@@ -10,6 +10,7 @@ from contextlib import nullcontext
 import pytest
 
 from ner.data.conll import read_conll
+from ner.inference.runtimes import TORCH
 from ner.inference.selection import Pick, pool_clusters, select, text_vectors
 from ner.inference.tagger import Tagger
 from ner.select import main as select_main
@@ -79,11 +80,11 @@ def test_text_vectors_see_near_duplicates_as_near():
 
 @pytest.fixture(scope="module")
 def tagger(random_model):
-    return Tagger(random_model, runtime="torch")
+    return Tagger(random_model, runtime=TORCH)
 
 
 def run_select(capsys, *args: str) -> tuple[int, str, str]:
-    code = select_main([*args, "--runtime", "torch"])
+    code = select_main([*args, "--runtime", TORCH])
     captured = capsys.readouterr()
     return code, captured.out, captured.err
 

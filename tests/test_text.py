@@ -115,7 +115,7 @@ def test_tricky_text_words(text, expected):
 
 def test_tricky_texts_tag_and_slice(tagger):
     results = tagger.predict(TRICKY)
-    assert len(results) == len(TRICKY) and results[0] == {"entities": []}
+    assert len(results) == len(TRICKY) and results[0] == {"entities": [], "confidence": 1.0}
     assert sum(len(r["entities"]) for r in results) > 10  # an untrained head finds plenty to check
     for text, result in zip(TRICKY, results):
         assert_entities_slice(text, result["entities"])
@@ -167,8 +167,8 @@ def test_predict_cli_raw_text(random_model, tmp_path):
     result = run_cli([sys.executable, "-m", "ner.predict", str(random_model), str(source), "--quiet"])
     assert result.returncode == 0, result.stderr
     records = [json.loads(line) for line in result.stdout.splitlines()]
-    assert len(records) == 3 and records[1] == {"entities": []}  # one answer per line, the empty one too
-    assert all(set(r) == {"entities"} for r in records)
+    assert len(records) == 3 and records[1] == {"entities": [], "confidence": 1.0}  # one answer a line, the empty too
+    assert all(set(r) == {"entities", "confidence"} for r in records)
     for line, record in zip(lines, records):
         assert_entities_slice(line, record["entities"])
     assert any(r["entities"] for r in records)

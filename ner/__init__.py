@@ -1,7 +1,8 @@
 """ner: fine-tune BERT-style encoders for named-entity recognition, through Accelerate or plain torch.
 
 The package is grouped by job (docs/layout.md, "Every module"); imports run one way between the groups
-(tests/test_layout.py). Commands are the modules at the top: `python -m ner.train|predict|select|evaluate|export|serve|plot`.
+(tests/test_layout.py). Commands are the modules at the top:
+`python -m ner.train|predict|select|evaluate|export|serve|plot`.
 """
 
 __version__ = "0.1.0"

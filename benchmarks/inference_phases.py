@@ -37,7 +37,7 @@ def timed_predict(tagger, texts: list[str]) -> tuple[dict[str, float], list[dict
     from ner.data.encode import fixed_shape_plan, merge_predictions
     from ner.data.examples import Example
     from ner.data.text import split_words
-    from ner.inference.entities import entities, text_confidence
+    from ner.inference.entities import text_result
     from ner.inference.options import inference_budget
     from ner.inference.tagger import predict_word_scores
 
@@ -64,8 +64,7 @@ def timed_predict(tagger, texts: list[str]) -> tuple[dict[str, float], list[dict
     lap("merge")
     tags, probs = tagger.decoder(merged)
     lap("decode")
-    results = [{"entities": entities(t, p, w, text), "confidence": text_confidence(p)}
-               for text, w, t, p in zip(texts, split, tags, probs)]
+    results = [text_result(t, p, w, text) for text, w, t, p in zip(texts, split, tags, probs)]
     lap("entities")
     seconds["forward only"] = forward_only(tagger, features, batches)
     seconds["windows"], seconds["forwards"] = len(features), len(batches)

@@ -42,7 +42,7 @@ from ner.data.spans import entities_record, label_studio_task
 from ner.data.text import Word, split_whitespace, split_words
 from ner.errors import UserError, cli
 from ner.files import atomic_write_text
-from ner.inference.entities import entities, text_confidence
+from ner.inference.entities import text_result
 from ner.inference.model_folder import model_version
 from ner.inference.options import add_inference_arguments, show_choice_on_stderr
 from ner.inference.selection import select
@@ -152,7 +152,7 @@ def tag_pool(tagger: Tagger, pool: list[PoolText], args: argparse.Namespace, pro
     if args.conll:
         tags, probs = tagger.tag([t.example for t in pool], args.batch_size, args.max_tokens, progress)
         for text, t, p in zip(pool, tags, probs):
-            text.result = {"entities": entities(t, p, text.words, text.text), "confidence": text_confidence(p)}
+            text.result = text_result(t, p, text.words, text.text)
         return
     results = tagger.predict([t.text for t in pool], args.batch_size, args.max_tokens, progress,
                              words=[t.words for t in pool])

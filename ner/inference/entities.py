@@ -38,6 +38,11 @@ def entities(tags: list[str], probs: np.ndarray, words: list[Word], text: str | 
     return found
 
 
+def text_result(tags: list[str], probs: np.ndarray, words: list[Word], text: str) -> dict:
+    """A raw text's answer, as Tagger.predict gives it: {"entities" (character offsets), "confidence"}."""
+    return {"entities": entities(tags, probs, words, text), "confidence": text_confidence(probs)}
+
+
 def entity_score(probs: np.ndarray, first: int, last: int) -> float:
     """The score of the entity on words first..last: the mean probability of its tags, to 4 places (what a user
     reads, so --min-score compares against the same number)."""

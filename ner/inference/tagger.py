@@ -35,7 +35,7 @@ from ner.data.tokenizer import load_tokenizer
 from ner.errors import UserError
 from ner.extras import require
 from ner.inference.decode import Decoder
-from ner.inference.entities import drop_below, entities, text_confidence
+from ner.inference.entities import drop_below, text_result
 from ner.inference.model_folder import ModelSettings, max_positions, model_labels, read_model_json
 from ner.inference.onnx_runtime import OnnxRuntime
 from ner.inference.openvino_runtime import OpenVinoRuntime
@@ -208,5 +208,4 @@ class Tagger:
         examples = [Example([w for w, _, _ in words], ["O"] * len(words), "<text>", document=i)
                     for i, words in enumerate(split)]
         tags, probs = self.tag(examples, max_sentences, max_tokens, progress)
-        return [{"entities": entities(t, p, words, text), "confidence": text_confidence(p)}
-                for text, words, t, p in zip(texts, split, tags, probs)]
+        return [text_result(t, p, words, text) for text, words, t, p in zip(texts, split, tags, probs)]

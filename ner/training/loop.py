@@ -46,16 +46,17 @@ class TrainState:
 
 
 def loss_and_logits(model: torch.nn.Module, encoder: torch.nn.Module, inputs: dict,
-                    labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                    labels: torch.Tensor, label_smoothing: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """Summed cross-entropy over labelled tokens, and the logits: the unit `--compile on` compiles (the mask, the
-    forward pass, the loss, and through AOTAutograd their backward). `encoder`: the model unwrapped."""
+    forward pass, the loss, and through AOTAutograd their backward). `encoder`: the model unwrapped;
+    `label_smoothing`: --label-smoothing (run.py binds it)."""
     if "attention_mask" in inputs:
         inputs = {**inputs, "attention_mask": attention_mask_as_given(encoder, inputs["attention_mask"])}
     logits = model(**inputs).logits
     # Loss in fp32 outside the model: under nn.DataParallel this sees the gathered logits
     # of all replicas, so the reduction is over the whole batch, like the other backends.
     loss_sum = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX,
-                               reduction="sum")
+                               reduction="sum", label_smoothing=label_smoothing)
     return loss_sum, logits
 
 

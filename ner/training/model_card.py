@@ -17,7 +17,8 @@ HYPERPARAMETERS = (
     ("pad_to_multiple_of", "batch widths padded to a multiple of"),
     ("gradient_accumulation_steps", "gradient accumulation steps"), ("learning_rate", "peak learning rate"),
     ("lr_scheduler", "schedule after warmup"), ("warmup_ratio", "warmup ratio"), ("weight_decay", "weight decay"),
-    ("max_grad_norm", "gradient clipping (L2 norm)"), ("max_seq_length", "subword tokens per window"),
+    ("max_grad_norm", "gradient clipping (L2 norm)"), ("label_smoothing", "label smoothing"),
+    ("max_seq_length", "subword tokens per window"),
     ("label_all_subwords", "loss on every subword"), ("mixed_precision", "mixed precision"), ("seed", "seed"),
     ("early_stopping_patience", "early stopping patience (evaluations; 0: off)"), ("backend", "training backend"),
     ("casing", "case as token types"))

@@ -181,7 +181,8 @@ def run(cfg: TrainConfig, backend: Backend, trackers: TrackerClaim) -> dict:
                         casing_types=cfg.casing == "types")
     model.to(backend.device)
     max_shapes = 2 * (cfg.max_seq_length // cfg.pad_to_multiple_of + 1)  # a full and a short row count a width
-    compute = compile_loss(loss_and_logits, backend.device.type, max_shapes) if cfg.compile == "on" else loss_and_logits
+    loss = partial(loss_and_logits, label_smoothing=cfg.label_smoothing)
+    compute = compile_loss(loss, backend.device.type, max_shapes) if cfg.compile == "on" else loss
     optimizer = build_optimizer(model, cfg.learning_rate, cfg.weight_decay, cfg.optimizer_impl)
     # A private generator: creating a DataLoader iterator draws a seed from it, and drawing from
     # the global RNG instead would shift dropout masks after a mid-epoch resume.

@@ -33,7 +33,7 @@ PATIENCE = 2
 def early_stopping_args(model, data, out, *extra: str) -> list[str]:
     return tiny_args(model, data, out, "--learning-rate", "5e-3", "--num-epochs", "6", "--eval-steps", str(EVAL_STEPS),
                      "--early-stopping-patience", str(PATIENCE), "--save-steps", "4", "--save-total-limit", "0",
-                     "--casing", "none", *extra)  # the F1 path the module docstring describes
+                     "--casing", "none", "--label-smoothing", "0", *extra)  # the F1 path the module docstring describes
 
 
 def records(out) -> list[dict]:

@@ -15,7 +15,6 @@
     python -m benchmarks.corpus_scaling MODEL_DIR ../shared/data/conll2003/train.txt --out scal/  # processes x threads
     python -m benchmarks.batch_plan_before_buckets --help                   # ner.train with the plan before buckets
     python -m benchmarks.batch_plans ../shared/data/conll2003/train.txt     # how far the two plans differ
-    python -m benchmarks.label_smoothing --help                             # ner.train, label-smoothed loss
     python -m benchmarks.fp32_tail --help                                   # ner.train, bf16 then fp32 at the end
     python -m benchmarks.confidence MODEL_DIR ../shared/data/conll2003/valid.txt --out conf/  # which confidence
     python -m benchmarks.active_learning --out al/ --seeds 1 2 3            # ner.select against random choice

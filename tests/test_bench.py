@@ -307,7 +307,7 @@ def test_the_floor_loads_the_model_the_measured_runs_train(tmp_path, monkeypatch
 
 ENTRY_POINTS = ("training_speed", "baseline", "eval_speed", "inference", "inference_phases", "shapes", "seeds",
                 "startup", "batch_independence", "text_split", "corpus_scaling", "batch_plan_before_buckets",
-                "confidence", "active_learning", "batch_plans", "label_smoothing", "fp32_tail")
+                "confidence", "active_learning", "batch_plans", "fp32_tail")
 
 
 @pytest.mark.parametrize("name", ENTRY_POINTS)

